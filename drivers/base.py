@@ -1,0 +1,71 @@
+"""The one interface every port driver implements.
+
+A driver is an async source of raw observations. ``watch()`` yields lists of
+:class:`PortObservation`: first a full snapshot of every port it knows, then only the ports
+whose observed values changed. A value the driver could not read is ``None`` and the reason is
+in ``errors``; a driver never raises for a bad value of one port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from linkguard.models import LinkLayer, PhysState, PortStateName
+
+__all__ = ["PortObservation", "PortSource"]
+
+
+@dataclass(frozen=True)
+class PortObservation:
+    """One raw reading of one port.
+
+    ``state``/``phys_state`` come from sysfs (IB) or are derived from the netdev (netlink
+    driver: carrier up -> ACTIVE/LinkUp, down -> DOWN/Polling... see the driver). ``carrier`` is
+    IFF_LOWER_UP of the netdev when the driver knows it. ``counters`` maps counter name to value
+    (None when unreadable, e.g. ``N/A (no PMA)``); data counters (``port_*_data``) are kept in
+    the sysfs unit, 4-octet words. ``saturated`` names counters stuck at their maximum.
+    ``monotonic`` is ``time.monotonic()`` at the reading.
+    """
+
+    hca: str
+    port: int
+    monotonic: float
+    link_layer: LinkLayer | None = None
+    state: PortStateName | None = None
+    phys_state: PhysState | None = None
+    rate_gbps: float | None = None
+    netdev: str | None = None
+    carrier: bool | None = None
+    counters: dict[str, int | None] = field(default_factory=dict)
+    saturated: frozenset[str] = frozenset()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.hca}/{self.port}"
+
+    def same_reading(self, other: PortObservation | None) -> bool:
+        """Equal apart from the time of the reading."""
+        if other is None:
+            return False
+        return (
+            self.link_layer == other.link_layer
+            and self.state == other.state
+            and self.phys_state == other.phys_state
+            and self.rate_gbps == other.rate_gbps
+            and self.netdev == other.netdev
+            and self.carrier == other.carrier
+            and self.counters == other.counters
+            and self.errors == other.errors
+        )
+
+
+@runtime_checkable
+class PortSource(Protocol):
+    """An async source of port observations."""
+
+    def watch(self) -> AsyncIterator[list[PortObservation]]:
+        """Snapshot first, then changes. Runs until cancelled."""
+        ...

@@ -1,0 +1,347 @@
+"""linkguard's own routing table: /32 routes to peer endpoints plus the ``ip rule``s that use it.
+
+Consumes: the desired routes of a plan (:class:`KernelRoute`). Produces: kernel state in ONE
+routing table (and the rules pointing at it) of one network namespace, through rtnetlink
+(pyroute2); never touches another table or any other rule.
+
+Gateway routes need no ``onlink`` here. When a route is added to a table other than main, the
+kernel validates its gateway first in that table and, failing that, with a full FIB lookup
+through the rules (net/ipv4/fib_semantics.c, ``fib_check_nh_v4_gw``), which finds the rail's
+connected /24 in main. The lookup ignores link state, so a route can be installed over a rail
+whose carrier is down. A gateway that no connected route covers, or that is only reachable
+through another netdev than the route's, is refused with ENETUNREACH: such a route lands in
+:attr:`ReconcileResult.errors` and the other routes are still applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from socket import AF_INET
+from types import TracebackType
+from typing import Any
+
+import structlog
+from linkguard.drivers.netlink import open_iproute
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
+
+__all__ = ["KernelRoute", "ReconcileResult", "RouteTable"]
+
+log = structlog.get_logger(__name__)
+
+#: Table ids the kernel owns (include/uapi/linux/rtnetlink.h: RT_TABLE_UNSPEC, COMPAT,
+#: DEFAULT, MAIN, LOCAL); linkguard refuses to manage them.
+RESERVED_TABLES = frozenset({0, 252, 253, 254, 255})
+RTN_UNICAST = 1
+
+
+@dataclass(frozen=True)
+class KernelRoute:
+    """One /32 route: ``destination`` via ``gateway`` out of ``netdev``.
+
+    In :meth:`RouteTable.dump` a route the kernel holds in another shape (multipath, blackhole,
+    no gateway) has ``gateway``/``netdev`` None where they do not apply."""
+
+    destination: IPv4Address
+    gateway: IPv4Address | None
+    netdev: str | None
+
+
+@dataclass
+class ReconcileResult:
+    """What :meth:`RouteTable.reconcile` did. ``errors``: (destination, kernel message) for
+    routes the kernel refused or that name a missing netdev; ``elapsed_ms`` wall time (ms)."""
+
+    added: int = 0
+    replaced: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    errors: list[tuple[IPv4Address, str]] = field(default_factory=list)
+    elapsed_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def changed(self) -> int:
+        return self.added + self.replaced + self.deleted
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A kernel /32 of the table with what deleting exactly it needs."""
+
+    route: KernelRoute
+    priority: int
+    tos: int
+    plain: bool  # unicast, metric 0, tos 0, single next hop: the shape linkguard writes
+
+
+class RouteTable:
+    """One routing table owned by linkguard, in one network namespace.
+
+    ``table``: the table id (1..2**32-1, not 252-255 or 0). ``rule_priority``: priority of its
+    rules (1..32765; main's rule is 32766). ``prefixes``: the destinations it may route; one
+    rule ``to <prefix> lookup <table>`` per prefix, or a single ``from all lookup <table>``
+    when empty (the table holds only /32s, so everything else falls through to main).
+    ``netns``: a name under /run/netns or a path; a missing one raises
+    :class:`~linkguard.drivers.netlink.NetnsNotFoundError` on ``__aenter__``.
+
+    Use as ``async with RouteTable(...) as rt:``.
+    """
+
+    def __init__(
+        self,
+        *,
+        table: int,
+        netns: str | None = None,
+        rule_priority: int = 1000,
+        prefixes: Sequence[IPv4Network] = (),
+    ) -> None:
+        if not 0 < table < 2**32 or table in RESERVED_TABLES:
+            raise ValueError(f"table {table} is reserved or out of range 1..2**32-1")
+        if not 0 < rule_priority < 32766:
+            raise ValueError(f"rule_priority {rule_priority} outside 1..32765")
+        self.table = table
+        self.netns = netns
+        self.rule_priority = rule_priority
+        self.prefixes: tuple[IPv4Network, ...] = tuple(IPv4Network(p) for p in prefixes)
+        self._ipr: AsyncIPRoute | None = None
+
+    async def __aenter__(self) -> RouteTable:
+        self._ipr = open_iproute(self.netns)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+    @property
+    def ipr(self) -> AsyncIPRoute:
+        if self._ipr is None:
+            raise RuntimeError("RouteTable used outside `async with`")
+        return self._ipr
+
+    # -- rules ----------------------------------------------------------------------------
+
+    def _rule_key(self, rule: Any) -> tuple[str, int] | None:
+        """(dst, dst_len) of one of *our* rules (lookup table at our priority, no other
+        selector), else None."""
+        table = rule.get("table")
+        if (
+            rule["action"] != FR_ACT_TO_TBL
+            or table != self.table
+            or rule.get("priority", 0) != self.rule_priority
+            or rule["src_len"]
+            or any(rule.get(k) for k in ("iifname", "oifname", "fwmark"))
+        ):
+            return None
+        return (rule.get("dst") or "0.0.0.0", rule["dst_len"])
+
+    async def _our_rules(self) -> set[tuple[str, int]]:
+        return {
+            key
+            async for r in await self.ipr.get_rules(family=AF_INET)
+            if (key := self._rule_key(r)) is not None
+        }
+
+    def _wanted_rules(self) -> set[tuple[str, int]]:
+        if not self.prefixes:
+            return {("0.0.0.0", 0)}
+        return {(str(p.network_address), p.prefixlen) for p in self.prefixes}
+
+    async def ensure_rules(self) -> None:
+        """Make this table's rules exactly ``to <prefix> lookup <table> priority <p>`` per
+        prefix (``from all`` when no prefixes): adds the missing ones, removes ones of ours
+        (same table and priority) for prefixes no longer configured, leaves every other rule
+        alone. Idempotent. Raises NetlinkError if the kernel refuses."""
+        have, want = await self._our_rules(), self._wanted_rules()
+        for dst, dst_len in sorted(want - have):
+            await self.ipr.rule("add", **self._rule_args(dst, dst_len))
+            log.info("rule_added", netns=self.netns, table=self.table, to=f"{dst}/{dst_len}")
+        for dst, dst_len in sorted(have - want):
+            await self.ipr.rule("del", **self._rule_args(dst, dst_len))
+            log.info("rule_removed", netns=self.netns, table=self.table, to=f"{dst}/{dst_len}")
+
+    def _rule_args(self, dst: str, dst_len: int) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "family": AF_INET,
+            "table": self.table,
+            "priority": self.rule_priority,
+            "action": FR_ACT_TO_TBL,
+        }
+        if dst_len:
+            args |= {"dst": dst, "dst_len": dst_len}
+        return args
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def _netdevs(self) -> dict[int, str]:
+        return {m["index"]: m.get("ifname") async for m in await self.ipr.link("dump")}
+
+    async def _entries(self, names: dict[int, str]) -> dict[IPv4Address, list[_Entry]]:
+        out: dict[IPv4Address, list[_Entry]] = {}
+        async for m in await self.ipr.route("dump", family=AF_INET):
+            if m.get("table") != self.table or m["dst_len"] != 32 or m.get("dst") is None:
+                continue
+            gw, oif = m.get("gateway"), m.get("oif")
+            dest = IPv4Address(m.get("dst"))
+            route = KernelRoute(
+                destination=dest,
+                gateway=IPv4Address(gw) if gw else None,
+                netdev=names.get(oif) if oif else None,
+            )
+            priority, tos = m.get("priority") or 0, m["tos"]
+            plain = (
+                m["type"] == RTN_UNICAST
+                and priority == 0
+                and tos == 0
+                and m.get("multipath") is None
+            )
+            out.setdefault(dest, []).append(_Entry(route, priority, tos, plain))
+        return out
+
+    async def dump(self) -> dict[IPv4Address, KernelRoute]:
+        """The /32 routes of this table, by destination (other tables are not read into the
+        result). With two routes for one destination (different metrics) the first wins."""
+        entries = await self._entries(await self._netdevs())
+        return {dest: es[0].route for dest, es in entries.items()}
+
+    def _validate(self, desired: Sequence[KernelRoute]) -> None:
+        seen: set[IPv4Address] = set()
+        for r in desired:
+            if r.destination in seen:
+                raise ValueError(f"destination {r.destination} desired twice")
+            seen.add(r.destination)
+            if self.prefixes and not any(r.destination in p for p in self.prefixes):
+                raise ValueError(
+                    f"destination {r.destination} is outside the managed prefixes "
+                    f"{', '.join(map(str, self.prefixes))}"
+                )
+            if r.gateway is None and r.netdev is None:
+                raise ValueError(f"route to {r.destination} has neither gateway nor netdev")
+
+    async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult:
+        """Make the table's /32 routes exactly ``desired``.
+
+        Identical routes are left alone (no churn), differing ones replaced (``ip route
+        replace``), missing ones added, undesired ones deleted. A route whose netdev does not
+        exist or that the kernel refuses (unreachable gateway: ENETUNREACH) goes to
+        ``errors``, leaves what the kernel had for that destination as it was (like a failed
+        ``ip route replace``), and the others still apply. Raises ValueError before touching
+        anything when a destination is outside ``prefixes`` (if given), appears twice, or a
+        route has neither gateway nor netdev.
+        """
+        self._validate(desired)
+        started = time.monotonic()
+        result = ReconcileResult()
+        names = await self._netdevs()
+        index = {name: idx for idx, name in names.items()}
+        current = await self._entries(names)
+        for want in desired:
+            have = current.pop(want.destination, [])
+            if len(have) == 1 and have[0].plain and have[0].route == want:
+                result.unchanged += 1
+                continue
+            if want.netdev is not None and want.netdev not in index:
+                result.errors.append((want.destination, f"netdev {want.netdev} not found"))
+                continue
+            args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
+            if want.gateway is not None:
+                args["gateway"] = str(want.gateway)
+            if want.netdev is not None:
+                args["oif"] = index[want.netdev]
+            try:
+                await self.ipr.route("replace", table=self.table, **args)
+            except NetlinkError as exc:
+                result.errors.append((want.destination, _message(exc)))
+                continue
+            # replace matched the (dst, tos=0, metric=0) route; drop any other shape
+            extra = [e for e in have if not (e.priority == 0 and e.tos == 0)]
+            await self._delete(extra, result, count=False)
+            if have:
+                result.replaced += 1
+            else:
+                result.added += 1
+        for entries in current.values():
+            await self._delete(entries, result)
+        result.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
+        log.info(
+            "routes_reconciled",
+            netns=self.netns,
+            table=self.table,
+            added=result.added,
+            replaced=result.replaced,
+            deleted=result.deleted,
+            unchanged=result.unchanged,
+            errors=len(result.errors),
+            ms=result.elapsed_ms,
+        )
+        for dest, msg in result.errors:
+            log.warning(
+                "route_refused", netns=self.netns, table=self.table, dst=str(dest), error=msg
+            )
+        return result
+
+    async def _delete(
+        self, entries: Iterable[_Entry], result: ReconcileResult, *, count: bool = True
+    ) -> None:
+        for e in entries:
+            try:
+                await self.ipr.route(
+                    "del",
+                    table=self.table,
+                    dst=str(e.route.destination),
+                    dst_len=32,
+                    priority=e.priority,
+                    tos=e.tos,
+                )
+            except NetlinkError as exc:
+                result.errors.append((e.route.destination, f"delete: {_message(exc)}"))
+                continue
+            if count:
+                result.deleted += 1
+
+    async def flush(self) -> int:
+        """Delete every route of this table (any prefix length) and this table's rules
+        (the SIGTERM "withdraw" policy). Returns the number of routes deleted."""
+        deleted = 0
+        # collect first: no requests on the socket while its dump is still being read
+        ours = [m async for m in await self.ipr.route("dump", family=AF_INET)]
+        for m in ours:
+            if m.get("table") != self.table:
+                continue
+            args: dict[str, Any] = {
+                "table": self.table,
+                "dst_len": m["dst_len"],
+                "tos": m["tos"],
+                "priority": m.get("priority") or 0,
+            }
+            if m.get("dst"):
+                args["dst"] = m.get("dst")
+            try:
+                await self.ipr.route("del", **args)
+                deleted += 1
+            except NetlinkError as exc:
+                log.warning(
+                    "route_flush_failed", netns=self.netns, dst=m.get("dst"), error=_message(exc)
+                )
+        for dst, dst_len in sorted(await self._our_rules()):
+            await self.ipr.rule("del", **self._rule_args(dst, dst_len))
+        log.info("table_flushed", netns=self.netns, table=self.table, routes=deleted)
+        return deleted
+
+
+def _message(exc: NetlinkError) -> str:
+    return f"{exc.args[1] if len(exc.args) > 1 else exc} (errno {exc.code})"

@@ -1,0 +1,716 @@
+"""The sysfs InfiniBand driver: port observations from ``/sys/class/infiniband``.
+
+Consumes the kernel's RDMA sysfs ABI (Documentation/ABI/stable/sysfs-class-infiniband), per port
+``/sys/class/infiniband/<hca>/ports/<n>/``:
+
+- ``state``       ``"%d: %s"``, e.g. ``4: ACTIVE`` (IBA vol. 1 14.2.5.6 PortInfo.PortState)
+- ``phys_state``  ``"%u: %s"``, e.g. ``5: LinkUp`` (PortInfo.PortPhysicalState; the kernel prints
+  7 as ``Phy Test``)
+- ``rate``        ``"%d%s Gb/sec (%dX%s)"``, e.g. ``400 Gb/sec (4X NDR)``, ``2.5 Gb/sec (1X SDR)``;
+  old kernels / iWARP print ``10 Gb/sec (4X)``; some drivers print ``0 GB/sec``
+- ``link_layer``  ``InfiniBand`` | ``Ethernet`` (RoCE) | ``Unknown``
+- ``counters/``   PMA PortCounters (decimal; older kernels print ``N/A (no PMA)`` when the MAD
+  fails, newer ones fail the read with an errno), ``counters_ext/`` (64-bit ``*_64``, mlx4) and
+  ``hw_counters/`` (driver-specific, e.g. mlx5 ``out_of_buffer``; its ``lifespan`` file is a
+  setting in ms, not a counter, and is skipped)
+
+Produces :class:`~linkguard.drivers.base.PortObservation` (via :func:`read_port` and
+:class:`SysfsIBSource`) and :class:`HCADescriptor` (via :func:`discover_hcas`).
+
+Bad input: every file read may fail (EINVAL, EOPNOTSUPP, EACCES, ENOENT, EIO) or contain garbage /
+nothing. That value becomes ``None`` and the observation's ``errors`` gets
+``"<hca>/ports/<n>/<file>: <ERRNO> (<text>)"`` (or ``: empty`` / ``: unparsable '<text>'``).
+Nothing here raises for one bad file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as errno_mod
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+from linkguard.drivers.base import PortObservation
+
+from linkguard.models import LinkLayer, PhysState, PortStateName
+
+__all__ = [
+    "COUNTER_WIDTHS",
+    "DEFAULT_ROOT",
+    "HCADescriptor",
+    "Reader",
+    "SysfsIBSource",
+    "discover_hcas",
+    "is_saturated",
+    "parse_counter",
+    "parse_link_layer",
+    "parse_phys_state",
+    "parse_rate",
+    "parse_state",
+    "read_port",
+    "read_sysfs",
+]
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+DEFAULT_ROOT = Path("/sys/class/infiniband")
+
+#: ``reader(path) -> text``: reads one sysfs attribute; raises OSError like the kernel's ``show()``.
+Reader = Callable[[str], str]
+
+#: Bit width of each PMA counter in the IBA PortCounters attribute (attribute ID 0x0012, IBA
+#: Specification vol. 1, 16.1.3.5 "PortCounters"), exactly as the kernel's
+#: drivers/infiniband/core/sysfs.c ``PORT_PMA_ATTR`` table exposes them in ``counters/``. A counter
+#: at its maximum (2**width - 1) is *saturated*: PMA PortCounters stop at all ones instead of
+#: wrapping (IBA 16.1.3.5). When the PMA supports PortCountersExtended the kernel shows the four
+#: data/packet counters as 64-bit instead (a value above 2**32 - 1 proves that).
+COUNTER_WIDTHS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_data": 32,  # 4-octet words (IBA: PortXmitData "divided by 4")
+    "port_rcv_data": 32,  # 4-octet words
+    "port_xmit_packets": 32,
+    "port_rcv_packets": 32,
+    "port_xmit_wait": 32,
+}
+#: Counters with no known width (PortCountersExtended unicast/multicast, hw_counters) only count
+#: as saturated at 2**64 - 1. mlx5 hw_counters are 32-bit firmware Q counters that wrap, so
+#: 2**32 - 1 there is an ordinary value.
+_U64_MAX = 2**64 - 1
+
+_STATE_BY_NUM = {
+    0: PortStateName.NOP,
+    1: PortStateName.DOWN,
+    2: PortStateName.INIT,
+    3: PortStateName.ARMED,
+    4: PortStateName.ACTIVE,
+    5: PortStateName.ACTIVE_DEFER,
+}
+_PHYS_BY_NUM = {
+    1: PhysState.SLEEP,
+    2: PhysState.POLLING,
+    3: PhysState.DISABLED,
+    4: PhysState.PORT_CONFIGURATION_TRAINING,
+    5: PhysState.LINK_UP,
+    6: PhysState.LINK_ERROR_RECOVERY,
+    7: PhysState.PHY_TEST,
+}
+_NUM_NAME = re.compile(r"^\s*(\d{1,3})\s*:\s*(.*?)\s*$", re.S)
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb|GB)/sec(?:\s*\(([^)]*)\))?\s*$")
+_HCA_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NETDEV_NAME = re.compile(r"^[A-Za-z0-9_.\-@:]{1,15}$")
+_PCI_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_MAX_READ = 4096  # one sysfs page
+
+
+def read_sysfs(path: str) -> str:
+    """Read one sysfs attribute (at most one page, 4096 bytes) as text.
+
+    Raises OSError with the errno of the kernel's ``show()`` (sysfs fails the ``read``, not the
+    ``open``). Undecodable bytes become U+FFFD, so garbage fails parsing rather than decoding.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _MAX_READ)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------------------------
+# parsers: text -> (value, problem); problem is None when the text is fine
+
+
+def _short(text: str) -> str:
+    t = text.strip()
+    return repr(t if len(t) <= 40 else t[:40] + "...")
+
+
+def _norm(name: str) -> str:
+    return name.replace(" ", "").replace("_", "").lower()
+
+
+def parse_state(text: str) -> tuple[PortStateName | None, str | None]:
+    """``4: ACTIVE`` -> (ACTIVE, None). The number decides; a name that disagrees adds a problem.
+
+    Format: drivers/infiniband/core/sysfs.c ``state_show`` (``"%d: %s"``), numbers from IBA
+    vol. 1 14.2.5.6 PortInfo.PortState (0 NOP .. 5 ACTIVE_DEFER). A bare known name is accepted.
+    """
+    if not text.strip():
+        return None, "empty"
+    m = _NUM_NAME.match(text)
+    if m is None:
+        try:
+            return PortStateName(text.strip().upper()), None
+        except ValueError:
+            return None, f"unparsable {_short(text)}"
+    num, name = int(m.group(1)), m.group(2)
+    value = _STATE_BY_NUM.get(num)
+    if value is None:
+        return None, f"unknown state number {num} {_short(text)}"
+    if _norm(name) != _norm(value.value):
+        return value, f"text {_short(name)} does not match {num} ({value.value})"
+    return value, None
+
+
+def parse_phys_state(text: str) -> tuple[PhysState | None, str | None]:
+    """``5: LinkUp`` -> (LINK_UP, None). The number decides (IBA vol. 1 14.2.5.6
+    PortInfo.PortPhysicalState: 1 Sleep .. 7 PhyTest; 0 "no state change" is not a reading);
+    a name that disagrees (``4: ACTIVE``, as in prometheus/procfs' fixture) adds a problem."""
+    if not text.strip():
+        return None, "empty"
+    m = _NUM_NAME.match(text)
+    if m is None:
+        wanted = _norm(text)
+        for value in PhysState:
+            if _norm(value.value) == wanted:
+                return value, None
+        return None, f"unparsable {_short(text)}"
+    num, name = int(m.group(1)), m.group(2)
+    value = _PHYS_BY_NUM.get(num)
+    if value is None:
+        return None, f"unknown phys_state number {num} {_short(text)}"
+    if _norm(name) != _norm(value.value):
+        return value, f"text {_short(name)} does not match {num} ({value.value})"
+    return value, None
+
+
+def parse_rate(text: str) -> tuple[float | None, str | None]:
+    """``400 Gb/sec (4X NDR)`` -> 400.0 (Gb/s). Also ``2.5 Gb/sec (1X SDR)``, ``10 Gb/sec (4X)``
+    and ``0 GB/sec`` (-> 0.0; the capital-B form is only seen with 0 and read as Gb/s).
+    Format: drivers/infiniband/core/sysfs.c ``rate_show``."""
+    if not text.strip():
+        return None, "empty"
+    m = _RATE.match(text)
+    if m is None:
+        return None, f"unparsable {_short(text)}"
+    return float(m.group(1)), None
+
+
+def parse_link_layer(text: str) -> tuple[LinkLayer | None, str | None]:
+    """``InfiniBand`` / ``Ethernet`` (surrounding whitespace and blank lines ignored)."""
+    t = text.strip()
+    if not t:
+        return None, "empty"
+    for value in LinkLayer:
+        if t.lower() == value.value.lower():
+            return value, None
+    return None, f"unknown link layer {_short(t)}"
+
+
+def parse_counter(text: str) -> tuple[int | None, str | None]:
+    """Decimal counter -> int. ``N/A (no PMA)`` -> (None, None): a known "no Performance
+    Management Agent" (iWARP, some drivers), not an error. Anything else non-decimal -> problem."""
+    t = text.strip()
+    if not t:
+        return None, "empty"
+    if t.startswith("N/A"):
+        return None, None
+    if t.isascii() and t.isdigit() and len(t) <= 20:
+        value = int(t)
+        if value <= _U64_MAX:
+            return value, None
+    return None, f"unparsable {_short(t)}"
+
+
+def _at_max(value: int, width: int | None) -> bool:
+    return value == (2**width - 1 if width is not None else _U64_MAX)
+
+
+def is_saturated(name: str, value: int) -> bool:
+    """True when a ``counters/`` value is stuck at the maximum of its IBA width (COUNTER_WIDTHS);
+    counters of unknown width only at 2**64 - 1."""
+    return _at_max(value, COUNTER_WIDTHS.get(name))
+
+
+# --------------------------------------------------------------------------------------------
+# reading helpers
+
+
+def _errno_text(exc: OSError) -> str:
+    code = exc.errno
+    if code is None and exc.args and isinstance(exc.args[0], int):
+        code = exc.args[0]  # OSError(errno.EIO) built with one argument
+    if code is None:
+        return f"error ({exc})"
+    name = "EOPNOTSUPP" if code == errno_mod.EOPNOTSUPP else errno_mod.errorcode.get(code)
+    return f"{name or code} ({os.strerror(code)})"
+
+
+def _read(reader: Reader, root: str, rel: str, errors: list[str]) -> str | None:
+    """Text of ``root/rel`` or None with ``"<rel>: <ERRNO> (...)"`` appended to ``errors``."""
+    try:
+        return reader(f"{root}/{rel}")
+    except OSError as exc:
+        errors.append(f"{rel}: {_errno_text(exc)}")
+    except (ValueError, UnicodeError) as exc:  # a test reader / odd bytes
+        errors.append(f"{rel}: unreadable ({exc.__class__.__name__})")
+    return None
+
+
+def _parse(
+    reader: Reader,
+    root: str,
+    rel: str,
+    parser: Callable[[str], tuple[T | None, str | None]],
+    errors: list[str],
+) -> T | None:
+    """Read and parse ``root/rel``; a failure or a parse problem goes to ``errors``."""
+    text = _read(reader, root, rel, errors)
+    if text is None:
+        return None
+    value, problem = parser(text)
+    if problem is not None:
+        errors.append(f"{rel}: {problem}")
+    return value
+
+
+def _listdir(path: str, rel: str, errors: list[str]) -> list[str]:
+    """Names in a directory; a missing directory is simply empty (not an error)."""
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        errors.append(f"{rel}: {_errno_text(exc)}")
+        return []
+
+
+def _optional(reader: Reader, root: str, rel: str, errors: list[str]) -> str | None:
+    """Stripped text of an attribute that may legitimately be absent (ENOENT -> None silently)."""
+    try:
+        text = reader(f"{root}/{rel}")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno_mod.ENOENT or (exc.args and exc.args[0] == errno_mod.ENOENT):
+            return None
+        errors.append(f"{rel}: {_errno_text(exc)}")
+        return None
+    except (ValueError, UnicodeError) as exc:
+        errors.append(f"{rel}: unreadable ({exc.__class__.__name__})")
+        return None
+    text = text.strip()
+    return text or None
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+# --------------------------------------------------------------------------------------------
+# discovery
+
+
+@dataclass(frozen=True)
+class HCADescriptor:
+    """One RDMA device under the class directory (static facts, re-read on re-discovery).
+
+    ``ports`` are 1-based port numbers (``ports/<n>``). ``pci_address`` is the PCI BDF
+    (``0000:18:00.0``) found in the resolved ``device`` symlink (None when there is no symlink or
+    no PCI parent, e.g. rxe/siw). ``numa_node`` is ``device/numa_node`` (-1 -> None). ``netdevs``
+    maps port -> netdev name from ``ports/<n>/gid_attrs/ndevs/0`` (RoCE), else from
+    ``device/net/*`` (one port: the single name; several: by the netdev's 0-based ``dev_port``).
+    ``hca_type`` / ``board_id`` / ``fw_ver`` are None when absent (hfi1, irdma). ``errors`` lists
+    attribute reads that failed during discovery.
+    """
+
+    hca: str
+    ports: tuple[int, ...]
+    link_layers: dict[int, LinkLayer | None] = field(default_factory=dict)
+    pci_address: str | None = None
+    numa_node: int | None = None
+    netdevs: dict[int, str] = field(default_factory=dict)
+    hca_type: str | None = None
+    board_id: str | None = None
+    fw_ver: str | None = None
+    errors: tuple[str, ...] = ()
+
+
+def _pci_address(dev_link: str) -> str | None:
+    if not os.path.lexists(dev_link):
+        return None
+    try:
+        resolved = os.path.realpath(dev_link)
+    except OSError:
+        return None
+    # the symlink's basename is the BDF for PCI devices; otherwise the nearest PCI ancestor
+    for part in reversed(resolved.split("/")):
+        if _PCI_BDF.match(part):
+            return part.lower()
+    return None
+
+
+def _netdevs(reader: Reader, root: str, hca: str, ports: tuple[int, ...]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    ignored: list[str] = []  # IB ports fail ndevs/0 with EINVAL: expected, not reported
+    for p in ports:
+        name = _optional(reader, root, f"{hca}/ports/{p}/gid_attrs/ndevs/0", ignored)
+        if name and _NETDEV_NAME.match(name):
+            out[p] = name
+    missing = [p for p in ports if p not in out]
+    if not missing:
+        return out
+    net_dir = f"{root}/{hca}/device/net"
+    names = [n for n in _listdir(net_dir, "", ignored) if _NETDEV_NAME.match(n)]
+    if not names:
+        return out
+    if len(ports) == 1 and len(names) == 1:
+        out.setdefault(ports[0], names[0])
+        return out
+    for n in names:
+        dev_port = _optional(reader, root, f"{hca}/device/net/{n}/dev_port", ignored)
+        if dev_port is not None and dev_port.isdigit() and int(dev_port) + 1 in missing:
+            out.setdefault(int(dev_port) + 1, n)
+    return out
+
+
+def discover_hcas(root: Path = DEFAULT_ROOT, *, reader: Reader = read_sysfs) -> list[HCADescriptor]:
+    """Every RDMA device under ``root``, sorted naturally by name (``mlx5_2`` < ``mlx5_10``).
+
+    A missing class directory (RDMA stack not loaded) gives ``[]``. Directory names that are not
+    valid HCA names are skipped. Never raises for a bad file.
+    """
+    root_s = str(root)
+    try:
+        names = os.listdir(root_s)
+    except OSError:
+        return []
+    out: list[HCADescriptor] = []
+    for hca in sorted(names, key=_natural):
+        if not _HCA_NAME.match(hca) or not os.path.isdir(f"{root_s}/{hca}"):
+            continue
+        errors: list[str] = []
+        ports = tuple(
+            sorted(
+                int(p)
+                for p in _listdir(f"{root_s}/{hca}/ports", f"{hca}/ports", errors)
+                if p.isdigit() and 1 <= int(p) <= 255
+            )
+        )
+        link_layers = {
+            p: _parse(reader, root_s, f"{hca}/ports/{p}/link_layer", parse_link_layer, errors)
+            for p in ports
+        }
+        numa: int | None = None
+        numa_text = _optional(reader, root_s, f"{hca}/device/numa_node", errors)
+        if numa_text is not None:
+            try:
+                numa = int(numa_text)
+            except ValueError:
+                errors.append(f"{hca}/device/numa_node: unparsable {_short(numa_text)}")
+            if numa is not None and not 0 <= numa <= 1023:
+                numa = None  # -1: no NUMA affinity
+        out.append(
+            HCADescriptor(
+                hca=hca,
+                ports=ports,
+                link_layers=link_layers,
+                pci_address=_pci_address(f"{root_s}/{hca}/device"),
+                numa_node=numa,
+                netdevs=_netdevs(reader, root_s, hca, ports),
+                hca_type=_optional(reader, root_s, f"{hca}/hca_type", errors),
+                board_id=_optional(reader, root_s, f"{hca}/board_id", errors),
+                fw_ver=_optional(reader, root_s, f"{hca}/fw_ver", errors),
+                errors=tuple(errors),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# one port
+
+
+@dataclass(frozen=True)
+class _Counters:
+    values: dict[str, int | None]
+    saturated: frozenset[str]
+    errors: tuple[str, ...]
+
+
+def _ext_name(name: str) -> str:
+    """counters_ext name -> counters/ name: ``port_xmit_data_64`` -> ``port_xmit_data``,
+    ``port_unicast_xmit_packets`` -> ``unicast_xmit_packets``."""
+    if name.endswith("_64"):
+        return name[:-3]
+    if name.startswith(("port_unicast_", "port_multicast_")):
+        return name[len("port_") :]
+    return name
+
+
+def _read_counters(reader: Reader, root: str, base: str) -> _Counters:
+    errors: list[str] = []
+    values: dict[str, int | None] = {}
+    widths: dict[str, int | None] = {}
+    for name in _listdir(f"{root}/{base}/counters", f"{base}/counters", errors):
+        values[name] = _parse(reader, root, f"{base}/counters/{name}", parse_counter, errors)
+        widths[name] = COUNTER_WIDTHS.get(name)
+    # 64-bit counters_ext win over the 32-bit legacy ones when present and readable.
+    for ext in _listdir(f"{root}/{base}/counters_ext", f"{base}/counters_ext", errors):
+        value = _parse(reader, root, f"{base}/counters_ext/{ext}", parse_counter, errors)
+        name = _ext_name(ext)
+        if value is not None or name not in values:
+            values[name] = value
+            widths[name] = 64
+    for name in _listdir(f"{root}/{base}/hw_counters", f"{base}/hw_counters", errors):
+        if name == "lifespan":  # cache lifetime in ms, a setting
+            continue
+        key = name if name not in values else f"hw_{name}"
+        values[key] = _parse(reader, root, f"{base}/hw_counters/{name}", parse_counter, errors)
+        widths[key] = None
+    saturated = frozenset(n for n, v in values.items() if v is not None and _at_max(v, widths[n]))
+    return _Counters(values, saturated, tuple(errors))
+
+
+@dataclass(frozen=True)
+class _Base:
+    state: PortStateName | None = None
+    phys_state: PhysState | None = None
+    rate_gbps: float | None = None
+    link_layer: LinkLayer | None = None
+    errors: tuple[str, ...] = ()
+    present: bool = True  # False: the port directory is gone
+
+
+def _read_base(reader: Reader, root: str, hca: str, port: int) -> _Base:
+    """state, phys_state, rate and link_layer of one port."""
+    base = f"{hca}/ports/{port}"
+    errors: list[str] = []
+    state = _parse(reader, root, f"{base}/state", parse_state, errors)
+    if state is None and not os.path.isdir(f"{root}/{base}"):
+        return _Base(errors=(f"{base}: ENOENT (port directory gone)",), present=False)
+    return _Base(
+        state=state,
+        phys_state=_parse(reader, root, f"{base}/phys_state", parse_phys_state, errors),
+        rate_gbps=_parse(reader, root, f"{base}/rate", parse_rate, errors),
+        link_layer=_parse(reader, root, f"{base}/link_layer", parse_link_layer, errors),
+        errors=tuple(errors),
+    )
+
+
+def _observation(
+    hca: str, port: int, now: float, base: _Base, counters: _Counters | None, netdev: str | None
+) -> PortObservation:
+    return PortObservation(
+        hca=hca,
+        port=port,
+        monotonic=now,
+        link_layer=base.link_layer,
+        state=base.state,
+        phys_state=base.phys_state,
+        rate_gbps=base.rate_gbps,
+        netdev=netdev,
+        counters=dict(counters.values) if counters is not None else {},
+        saturated=counters.saturated if counters is not None else frozenset(),
+        errors=base.errors + (counters.errors if counters is not None else ()),
+    )
+
+
+def read_port(
+    root: Path,
+    hca: str,
+    port: int,
+    *,
+    now: float,
+    reader: Reader = read_sysfs,
+    netdev: str | None = None,
+) -> PortObservation:
+    """One full reading of ``<root>/<hca>/ports/<port>`` at monotonic time ``now`` (s).
+
+    ``state``/``phys_state``/``link_layer`` are parsed by number/name (see the ``parse_*``
+    functions), ``rate_gbps`` is in Gb/s. ``counters`` merges ``counters/``, ``counters_ext/``
+    (64-bit, preferred when readable) and ``hw_counters/`` (prefixed ``hw_`` only on a name
+    clash); values are raw: ``port_xmit_data``/``port_rcv_data`` stay in 4-octet words (IBA
+    PortCounters; multiply by 4 for bytes). ``saturated`` names counters stuck at the maximum of
+    their IBA width (COUNTER_WIDTHS). ``netdev`` is passed through (discovery knows it).
+    A missing counters directory is not an error (e.g. only ``hw_counters/`` present).
+    Never raises for a bad file: see the module docstring for ``errors``.
+    """
+    root_s = str(root)
+    base = _read_base(reader, root_s, hca, port)
+    counters = _read_counters(reader, root_s, f"{hca}/ports/{port}") if base.present else None
+    return _observation(hca, port, now, base, counters, netdev)
+
+
+# --------------------------------------------------------------------------------------------
+# the polling source
+
+
+def _error_key(error: str) -> tuple[str, str]:
+    """(file, kind) of an error string, so that changing garbage is still "the same bad file"."""
+    rel, _, detail = error.partition(": ")
+    return rel, detail.split(" ", 1)[0]
+
+
+def _removed(hca: str, port: int, now: float) -> PortObservation:
+    return PortObservation(
+        hca=hca, port=port, monotonic=now, errors=(f"{hca}/ports/{port}: ENOENT (device removed)",)
+    )
+
+
+class _Poller:
+    """The synchronous part of :class:`SysfsIBSource`: runs in a worker thread."""
+
+    def __init__(
+        self,
+        *,
+        root: Path,
+        ports: set[str] | None,
+        reader: Reader,
+        rediscover_s: float,
+        counters_interval_s: float,
+    ) -> None:
+        self.root = root
+        self.root_s = str(root)
+        self.filter = frozenset(ports) if ports is not None else None
+        self.reader = reader
+        self.rediscover_s = rediscover_s
+        self.counters_interval_s = counters_interval_s
+        self.hcas: dict[str, HCADescriptor] = {}
+        self.names: frozenset[str] | None = None
+        self.last: dict[str, PortObservation] = {}
+        self.counters: dict[str, _Counters] = {}
+        self.discovered_at = float("-inf")
+        self.counters_at = float("-inf")
+        self.stack_missing_logged = False
+        self.logged: set[tuple[str, str]] = set()
+
+    def _log_errors(self, errors: Iterable[str], **kw: object) -> None:
+        for err in errors:
+            key = _error_key(err)
+            if key not in self.logged:
+                self.logged.add(key)
+                log.warning("sysfs_bad_value", error=err, root=self.root_s, **kw)
+
+    def _discover(self, now: float, names: frozenset[str]) -> None:
+        if names and self.stack_missing_logged:
+            log.info("rdma_stack_appeared", root=self.root_s)
+            self.stack_missing_logged = False
+        found = {d.hca: d for d in discover_hcas(self.root, reader=self.reader)}
+        for hca in sorted(found.keys() - self.hcas.keys(), key=_natural):
+            log.info("ib_device_added", hca=hca, ports=list(found[hca].ports))
+        for hca in sorted(self.hcas.keys() - found.keys(), key=_natural):
+            log.warning("ib_device_removed", hca=hca)
+        for d in found.values():
+            self._log_errors(d.errors, hca=d.hca)
+        self.hcas = found
+        self.names = names
+        self.discovered_at = now
+
+    def poll(self, now: float) -> list[PortObservation]:
+        """Read every port; return the observations whose reading changed since the last poll
+        (everything on the first call), including "removed" observations for vanished ports."""
+        try:
+            names = frozenset(os.listdir(self.root_s))
+        except (FileNotFoundError, NotADirectoryError):
+            names = frozenset()
+            if not self.stack_missing_logged:
+                log.warning("RDMA stack not loaded", root=self.root_s)
+                self.stack_missing_logged = True
+        except OSError as exc:  # transient: keep what we know
+            self._log_errors([f"{self.root_s}: {_errno_text(exc)}"])
+            names = self.names if self.names is not None else frozenset()
+        if names != self.names or now - self.discovered_at >= self.rediscover_s:
+            self._discover(now, names)
+
+        read_counters = now - self.counters_at >= self.counters_interval_s
+        if read_counters:
+            self.counters_at = now
+        changed: list[PortObservation] = []
+        seen: set[str] = set()
+        for d in self.hcas.values():
+            for p in d.ports:
+                key = f"{d.hca}/{p}"
+                if self.filter is not None and key not in self.filter:
+                    continue
+                seen.add(key)
+                base = _read_base(self.reader, self.root_s, d.hca, p)
+                if base.present:
+                    counters = self.counters.get(key)
+                    if read_counters or counters is None:
+                        counters = _read_counters(self.reader, self.root_s, f"{d.hca}/ports/{p}")
+                        self.counters[key] = counters
+                    obs = _observation(d.hca, p, now, base, counters, d.netdevs.get(p))
+                else:  # removed between discovery and this read: reported like a removal
+                    obs = _removed(d.hca, p, now)
+                if not obs.same_reading(self.last.get(key)):
+                    changed.append(obs)
+                    self._log_errors(obs.errors, port=key)
+                self.last[key] = obs
+        for key in sorted(self.last.keys() - seen, key=_natural):
+            gone = self.last.pop(key)
+            self.counters.pop(key, None)
+            obs = _removed(gone.hca, gone.port, now)
+            if not obs.same_reading(gone):
+                changed.append(obs)
+        return changed
+
+
+class SysfsIBSource:
+    """A :class:`~linkguard.drivers.base.PortSource` polling ``/sys/class/infiniband``.
+
+    ``interval_s`` (s, default 0.1) is the state poll period. ``ports`` optionally restricts to
+    ``"hca/port"`` keys. ``counters_interval_s`` (s, default 1.0): counters are re-read at most
+    this often (each ``counters/`` read is a PMA MAD to the HCA firmware; state does not need
+    them), the last counter values are reused in between. ``rediscover_s`` (s, default 5.0):
+    full re-discovery period; a device appearing/disappearing in the class directory is picked
+    up on the next poll anyway. ``reader`` reads one attribute (tests inject errors with it).
+    """
+
+    def __init__(
+        self,
+        *,
+        root: Path = DEFAULT_ROOT,
+        interval_s: float = 0.1,
+        ports: set[str] | None = None,
+        counters_interval_s: float = 1.0,
+        rediscover_s: float = 5.0,
+        reader: Reader = read_sysfs,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.root = Path(root)
+        self.interval_s = interval_s
+        self.ports = set(ports) if ports is not None else None
+        self.counters_interval_s = counters_interval_s
+        self.rediscover_s = rediscover_s
+        self.reader = reader
+
+    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+        """First a full snapshot (``[]`` when the RDMA stack is not loaded), then every
+        ``interval_s`` the ports whose reading changed (no yield when nothing changed). A removed
+        device's ports come once with ``state=None`` and an ``ENOENT (device removed)`` error.
+        Reads run in a worker thread. Runs until cancelled."""
+        poller = _Poller(
+            root=self.root,
+            ports=self.ports,
+            reader=self.reader,
+            rediscover_s=self.rediscover_s,
+            counters_interval_s=self.counters_interval_s,
+        )
+        next_at = time.monotonic()
+        yield await asyncio.to_thread(poller.poll, next_at)
+        while True:
+            next_at = max(next_at + self.interval_s, time.monotonic())
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            changed = await asyncio.to_thread(poller.poll, time.monotonic())
+            if changed:
+                yield changed

@@ -1,0 +1,195 @@
+"""The applier: puts a plan in place on this host.
+
+Consumes: validated plans and the set of locally down ports. Produces: routes in linkguard's
+own table (through a :class:`~linkguard.drivers.routes.RouteTable`), the rail map file (written
+atomically), the last plan persisted in the state dir, and :class:`~linkguard.models.Ack`s.
+Every apply is a full reconcile of the table against the plan, so a restart, a missed message or
+a hand-edited table converge to the plan with no duplicates and no churn for unchanged routes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import tempfile
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from linkguard.agent.plans import PlanRefused, check_plan, effective, rail_map
+from linkguard.drivers.routes import KernelRoute, ReconcileResult
+from linkguard.models import Ack, AckResult, BadMessage, Plan, decode
+
+__all__ = ["Applier", "RouteTableLike"]
+
+log = structlog.get_logger(__name__)
+
+
+class RouteTableLike(Protocol):
+    """What the applier needs of a route table (kernel or in-memory)."""
+
+    async def __aenter__(self) -> RouteTableLike: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+    async def ensure_rules(self) -> None: ...
+    async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult: ...
+    async def flush(self) -> None: ...
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Applier:
+    """Applies plans for ``host``. Not thread-safe; call from one task."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        table: RouteTableLike,
+        netdevs: Collection[str],
+        prefixes: Collection[ipaddress.IPv4Network],
+        rail_map_path: Path,
+        state_dir: Path,
+    ) -> None:
+        self.host = host
+        self.table = table
+        self.netdevs = set(netdevs)
+        self.prefixes = list(prefixes)
+        self.rail_map_path = rail_map_path
+        self.plan_path = state_dir / "last-plan.json"
+        self.plan: Plan | None = None
+        self.locally_down: set[str] = set()
+        self.last_result: ReconcileResult | None = None
+
+    @property
+    def applied_epoch(self) -> int | None:
+        return self.plan.epoch if self.plan else None
+
+    async def start(self) -> None:
+        """Install the ip rules, then reconcile the table with the last persisted plan."""
+        await self.table.ensure_rules()
+        if not self.plan_path.exists():
+            return
+        try:
+            plan = decode(Plan, self.plan_path.read_bytes(), expect_host=self.host)
+        except (OSError, BadMessage) as exc:
+            log.warning("last_plan_unreadable", path=str(self.plan_path), error=str(exc))
+            return
+        self.plan = plan
+        await self._put_in_place()
+        log.info("reconciled_with_last_plan", epoch=plan.epoch, result=self._summary())
+
+    def check(self, plan: Plan) -> None:
+        """Raise :class:`PlanRefused` when ``plan`` must not be applied."""
+        check_plan(
+            plan,
+            host=self.host,
+            applied_epoch=self.applied_epoch,
+            netdevs=self.netdevs,
+            prefixes=self.prefixes,
+        )
+
+    async def apply(self, plan: Plan) -> Ack:
+        """Check and apply ``plan``; the ack says applied, refused or failed."""
+        t0 = time.monotonic()
+        try:
+            self.check(plan)
+        except PlanRefused as exc:
+            log.warning("plan_refused", epoch=plan.epoch, reason=exc.reason, detail=exc.detail)
+            return Ack(
+                host=self.host,
+                epoch=plan.epoch,
+                result=AckResult.REFUSED,
+                error=str(exc),
+                applied_at=time.time(),
+            )
+        self.plan = plan
+        _atomic_write(self.plan_path, plan.model_dump_json())
+        return await self._ack(plan, t0, fast_path=False)
+
+    async def port_down(self, key: str) -> Ack | None:
+        """Fast path: ``key`` ("hca/port") went down; overlay its backup now if the plan has one."""
+        self.locally_down.add(key)
+        if self.plan is None or not any(f"{b.hca}/{b.port}" == key for b in self.plan.backups):
+            return None
+        return await self._ack(self.plan, time.monotonic(), fast_path=True)
+
+    def port_up(self, key: str) -> None:
+        """``key`` is usable again; its traffic returns with the service's next plan."""
+        self.locally_down.discard(key)
+
+    async def withdraw(self) -> None:
+        """Remove linkguard's table and rules (the SIGTERM 'withdraw' policy)."""
+        await self.table.flush()
+
+    async def _ack(self, plan: Plan, t0: float, *, fast_path: bool) -> Ack:
+        try:
+            await self._put_in_place()
+        except Exception as exc:  # the kernel refused the whole apply; report, keep running
+            log.error("plan_apply_failed", epoch=plan.epoch, error=repr(exc))
+            return Ack(
+                host=self.host,
+                epoch=plan.epoch,
+                result=AckResult.FAILED,
+                error=repr(exc)[:2000],
+                applied_at=time.time(),
+                fast_path=fast_path,
+            )
+        ms = (time.monotonic() - t0) * 1000
+        errors = self.last_result.errors if self.last_result else []
+        log.info(
+            "plan_applied",
+            epoch=plan.epoch,
+            fast_path=fast_path,
+            apply_ms=round(ms, 2),
+            **self._summary(),
+        )
+        return Ack(
+            host=self.host,
+            epoch=plan.epoch,
+            result=AckResult.FAILED if errors else AckResult.APPLIED,
+            error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
+            applied_at=time.time(),
+            apply_ms=ms,
+            fast_path=fast_path,
+        )
+
+    async def _put_in_place(self) -> None:
+        assert self.plan is not None
+        eff = effective(self.plan, self.locally_down)
+        desired = [
+            KernelRoute(destination=r.destination, gateway=r.gateway, netdev=r.netdev)
+            for r in eff.routes
+        ]
+        self.last_result = await self.table.reconcile(desired)
+        _atomic_write(
+            self.rail_map_path,
+            json.dumps(rail_map(self.host, self.plan.epoch, eff), indent=2) + "\n",
+        )
+
+    def _summary(self) -> dict[str, object]:
+        r = self.last_result
+        if r is None:
+            return {}
+        return {
+            "added": r.added,
+            "replaced": r.replaced,
+            "deleted": r.deleted,
+            "unchanged": r.unchanged,
+            "errors": len(r.errors),
+        }

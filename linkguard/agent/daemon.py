@@ -1,0 +1,360 @@
+"""The agent's wiring module: the one place where its tasks are connected.
+
+Tasks (one asyncio TaskGroup, named): ``watch`` (driver observations -> monitor -> bus +
+fast path), ``timer`` (monitor deadlines: hold-down expiry, penalty decay), ``refresh``
+(re-publish every port state), ``bus`` (MQTT session; plans in, states/events/acks out).
+Plans are handled in arrival order in the bus task; the monitor and applier are only touched
+from the event loop, so no locks are needed beyond the applier lock around kernel changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from linkguard import __version__, topics
+from linkguard.agent.applier import Applier, RouteTableLike
+from linkguard.agent.inventory import DiscoveredPort, build_inventory
+from linkguard.agent.monitor import MonitorOutput, PortMonitor
+from linkguard.bus import Bus, BusMessage, Will
+from linkguard.config import AgentSettings
+from linkguard.drivers.base import PortSource
+from linkguard.models import (
+    Ack,
+    AckResult,
+    BadMessage,
+    HostInventory,
+    HostStatus,
+    Plan,
+    PortStatus,
+    decode,
+    encode,
+)
+
+__all__ = ["Agent", "AgentStats", "run_agent"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class AgentStats:
+    """Counters an operator (and the tests) can read."""
+
+    plans_applied: int = 0
+    plans_refused: Counter[str] = field(default_factory=Counter)
+    messages_dropped: Counter[str] = field(default_factory=Counter)
+    fast_paths: int = 0
+    states_published: int = 0
+
+
+def discover(settings: AgentSettings) -> list[DiscoveredPort]:
+    """Ports found in sysfs (PCI address, NUMA node, netdev) for inventory building."""
+    if settings.driver != "sysfs":
+        return []
+    from linkguard.drivers.sysfs_ib import discover_hcas
+
+    found = []
+    for d in discover_hcas(settings.sysfs_root):
+        for p in d.ports:
+            found.append(
+                DiscoveredPort(
+                    hca=d.hca,
+                    port=p,
+                    link_layer=d.link_layers.get(p),
+                    pci_address=d.pci_address,
+                    numa_node=d.numa_node,
+                    netdev=d.netdevs.get(p),
+                )
+            )
+    return found
+
+
+def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource:
+    if settings.driver == "sysfs":
+        from linkguard.drivers.sysfs_ib import SysfsIBSource
+
+        return SysfsIBSource(
+            root=settings.sysfs_root,
+            interval_s=settings.poll_interval_ms / 1000,
+            ports={h.key for h in inventory.hcas},
+        )
+    if settings.driver == "netlink":
+        from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource
+
+        missing = [h.key for h in inventory.hcas if not h.netdev]
+        if missing:
+            raise ValueError(f"netlink driver needs a netdev for every port; missing: {missing}")
+        return NetlinkPortSource(
+            ports=[NetlinkPort(h.hca, h.port, h.netdev, h.link_layer) for h in inventory.hcas],
+            netns=settings.netns,
+        )
+    raise ValueError("the simulated driver is driven in-process: pass source=")
+
+
+class Agent:
+    """One host's agent. ``await agent.run()`` until cancelled or :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        source: PortSource | None = None,
+        table: RouteTableLike | None = None,
+        discovered: Sequence[DiscoveredPort] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.host = settings.host
+        self.inventory = build_inventory(
+            settings.host,
+            configured=settings.ports,
+            discovered=discover(settings) if discovered is None else discovered,
+            endpoints=settings.endpoints,
+        )
+        if not self.inventory.hcas:
+            log.warning(
+                "no_ports",
+                host=self.host,
+                hint="no HCA ports configured or found; the agent only reports",
+            )
+        self.rails = {h.key: h.rail for h in self.inventory.hcas}
+        self.source = source if source is not None else make_source(settings, self.inventory)
+        if table is None:
+            if settings.apply_routes:
+                from linkguard.drivers.routes import RouteTable
+
+                table = RouteTable(
+                    table=settings.route_table,
+                    netns=settings.netns,
+                    rule_priority=settings.rule_priority,
+                    prefixes=settings.endpoint_prefixes,
+                )
+            else:
+                from linkguard.drivers.simulated import MemoryRouteTable
+
+                table = MemoryRouteTable()
+        self.table = table
+        self.monitor = PortMonitor(host=self.host, policy=settings.damping, rails=self.rails)
+        self.applier = Applier(
+            host=self.host,
+            table=table,
+            netdevs={h.netdev for h in self.inventory.hcas if h.netdev},
+            prefixes=settings.endpoint_prefixes,
+            rail_map_path=settings.rail_map_path,
+            state_dir=settings.state_dir,
+        )
+        self.stats = AgentStats()
+        self.last_ack: Ack | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._deadline: float | None = None
+        self._stop = asyncio.Event()
+        self.bus = Bus(
+            host=settings.bus.host,
+            port=settings.bus.port,
+            client_id=f"linkguard-agent-{self.host}",
+            subscriptions=[topics.plan(self.host)],
+            handler=self._on_message,
+            on_connect=self._on_connect,
+            will=Will(
+                topics.status(self.host),
+                encode(HostStatus(host=self.host, online=False, version=__version__)),
+            ),
+            username=settings.bus.username,
+            password=settings.bus.password,
+            keepalive_s=settings.bus.keepalive_s,
+            reconnect_min_s=settings.bus.reconnect_min_s,
+            reconnect_max_s=settings.bus.reconnect_max_s,
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        log.info(
+            "agent_starting",
+            host=self.host,
+            driver=self.settings.driver,
+            ports=[f"{h.key}=rail{h.rail}" for h in self.inventory.hcas],
+            table=self.settings.route_table,
+            netns=self.settings.netns,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.table)  # opens the netlink socket
+            await self._run()
+
+    async def _run(self) -> None:
+        async with self._lock:
+            await self.applier.start()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.bus.run(), name="bus")
+                tg.create_task(self._watch(), name="watch")
+                tg.create_task(self._timer(), name="timer")
+                tg.create_task(self._refresh(), name="refresh")
+                await self._stop.wait()
+                raise _Stopped
+        except* _Stopped:
+            pass
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.bus_publish(
+                    topics.status(self.host),
+                    encode(
+                        HostStatus(
+                            host=self.host, online=False, at=time.time(), version=__version__
+                        )
+                    ),
+                    retain=True,
+                ),
+                2,
+            )
+        if self.settings.shutdown_policy == "withdraw":
+            async with self._lock:
+                await self.applier.withdraw()
+            log.info("agent_withdrew_routes", table=self.settings.route_table)
+        log.info("agent_stopped", host=self.host)
+
+    async def bus_publish(self, topic: str, payload: bytes, *, retain: bool) -> bool:
+        return await self.bus.publish(topic, payload, retain=retain)
+
+    # -- bus side -------------------------------------------------------------------------
+    async def _on_connect(self) -> None:
+        now_wall = time.time()
+        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        await self.bus.publish(
+            topics.status(self.host),
+            encode(HostStatus(host=self.host, online=True, at=now_wall, version=__version__)),
+            retain=True,
+        )
+        for st in self.monitor.snapshot(wall=now_wall):
+            await self._publish_state(st)
+        if self.last_ack is not None:
+            await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+
+    async def _on_message(self, msg: BusMessage) -> None:
+        parsed = topics.parse(msg.topic)
+        if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
+            self.stats.messages_dropped["unexpected_topic"] += 1
+            log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
+            return
+        try:
+            plan = decode(
+                Plan,
+                msg.payload,
+                topic=msg.topic,
+                expect_host=self.host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+        except BadMessage as exc:
+            self.stats.messages_dropped[exc.reason] += 1
+            log.warning(
+                "message_dropped",
+                topic=msg.topic,
+                reason=exc.reason,
+                detail=exc.detail[:300],
+                bytes=len(msg.payload),
+            )
+            return
+        if plan.epoch == self.applier.applied_epoch:
+            log.debug("plan_already_applied", epoch=plan.epoch)
+            return
+        async with self._lock:
+            ack = await self.applier.apply(plan)
+        if ack.result == AckResult.REFUSED:
+            reason = (ack.error or "").split(":", 1)[0]
+            self.stats.plans_refused[reason] += 1
+            if reason == "stale_epoch":
+                return  # an old retained plan; nothing to report to the service
+        else:
+            self.stats.plans_applied += 1
+        await self._send_ack(ack)
+
+    async def _send_ack(self, ack: Ack) -> None:
+        self.last_ack = ack
+        await self.bus.publish(topics.ack(self.host), encode(ack), retain=True)
+
+    async def _publish_state(self, st) -> None:
+        self.stats.states_published += 1
+        await self.bus.publish(
+            topics.port_state(self.host, st.hca, st.port), encode(st), retain=True
+        )
+
+    # -- monitor side ---------------------------------------------------------------------
+    async def _handle(self, out: MonitorOutput) -> None:
+        for ev in out.events:
+            key = f"{ev.hca}/{ev.port}"
+            if ev.current == PortStatus.DOWN and ev.previous in (PortStatus.UP, PortStatus.UNKNOWN):
+                async with self._lock:
+                    ack = await self.applier.port_down(key)
+                if ack is not None:
+                    self.stats.fast_paths += 1
+                    log.info(
+                        "fast_path_applied",
+                        port=key,
+                        epoch=ack.epoch,
+                        apply_ms=round(ack.apply_ms or 0, 2),
+                    )
+                    await self._send_ack(ack)
+            elif ev.current == PortStatus.UP:
+                self.applier.port_up(key)
+        for st in out.states:
+            await self._publish_state(st)
+        for ev in out.events:
+            log.info(
+                "port_event",
+                port=f"{ev.hca}/{ev.port}",
+                rail=ev.rail,
+                previous=ev.previous.value,
+                current=ev.current.value,
+                reason=ev.reason,
+            )
+            await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
+        self._deadline = out.next_deadline
+        self._wake.set()
+
+    async def _watch(self) -> None:
+        async for batch in self.source.watch():
+            out = self.monitor.observe(batch, now=time.monotonic(), wall=time.time())
+            await self._handle(out)
+
+    async def _timer(self) -> None:
+        while True:
+            self._wake.clear()
+            timeout = (
+                None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            out = self.monitor.tick(now=time.monotonic(), wall=time.time())
+            await self._handle(out)
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_interval_s)
+            for st in self.monitor.snapshot(wall=time.time()):
+                await self._publish_state(st)
+
+
+class _Stopped(Exception):
+    pass
+
+
+async def run_agent(settings: AgentSettings) -> None:
+    """Run an agent until SIGTERM/SIGINT (clean shutdown with the configured policy)."""
+    agent = Agent(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stop)
+    await agent.run()

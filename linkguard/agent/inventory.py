@@ -1,0 +1,95 @@
+"""Build this host's inventory: which HCA port serves which rail.
+
+Rail index comes from the config when given, else from PCI address order of the discovered
+HCAs (the order the PCIe topology fixes, identical on every host of a homogeneous fleet);
+never from the HCA's name (``mlx5_3`` can be any rail after a firmware or driver change).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from linkguard.config import PortConfig
+from linkguard.models import HCAInfo, HostInventory, LinkLayer
+
+__all__ = ["DiscoveredPort", "InventoryError", "build_inventory"]
+
+
+class InventoryError(ValueError):
+    """The configured and discovered ports cannot form a valid inventory."""
+
+
+@dataclass(frozen=True)
+class DiscoveredPort:
+    hca: str
+    port: int
+    link_layer: LinkLayer | None = None
+    pci_address: str | None = None
+    numa_node: int | None = None
+    netdev: str | None = None
+
+
+def _pci_key(p: DiscoveredPort) -> tuple[int, tuple[int, ...], str, int]:
+    """Sort key: PCI domain:bus:device.function numerically; ports without one go last."""
+    if p.pci_address is None:
+        return (1, (), p.hca, p.port)
+    try:
+        dom, bus, devfn = p.pci_address.split(":")
+        dev, fn = devfn.split(".")
+        return (0, (int(dom, 16), int(bus, 16), int(dev, 16), int(fn, 16)), p.hca, p.port)
+    except ValueError:
+        return (1, (), p.hca, p.port)
+
+
+def build_inventory(
+    host: str,
+    *,
+    configured: Sequence[PortConfig] = (),
+    discovered: Sequence[DiscoveredPort] = (),
+    endpoints: Sequence[ipaddress.IPv4Address] = (),
+) -> HostInventory:
+    """Merge config and discovery into a :class:`HostInventory`.
+
+    With ``configured`` ports, exactly those are used (discovery only fills PCI address, NUMA
+    node, link layer and netdev they leave open); ports without a rail get the next free rails
+    in PCI order. Without config, every discovered port is a rail, in PCI address order.
+    Raises :class:`InventoryError` on duplicate rails/ports.
+    """
+    found = {(d.hca, d.port): d for d in discovered}
+    if configured:
+        entries = []
+        for c in configured:
+            d = found.get((c.hca, c.port), DiscoveredPort(c.hca, c.port))
+            entries.append((c, d))
+    else:
+        entries = [(None, d) for d in discovered]
+    taken = {c.rail for c, _ in entries if c is not None and c.rail is not None}
+    free = (r for r in range(64) if r not in taken)
+    unranked = sorted((d for c, d in entries if c is None or c.rail is None), key=_pci_key)
+    auto = {(d.hca, d.port): next(free) for d in unranked}
+    hcas: list[HCAInfo] = []
+    for c, d in entries:
+        rail = c.rail if c is not None and c.rail is not None else auto[(d.hca, d.port)]
+        try:
+            hcas.append(
+                HCAInfo(
+                    hca=d.hca,
+                    port=d.port,
+                    rail=rail,
+                    link_layer=(c.link_layer if c and c.link_layer else d.link_layer)
+                    or LinkLayer.INFINIBAND,
+                    netdev=(c.netdev if c and c.netdev else d.netdev),
+                    pci_address=d.pci_address,
+                    numa_node=(c.numa_node if c and c.numa_node is not None else d.numa_node),
+                    address=c.address if c else None,
+                )
+            )
+        except ValueError as exc:
+            raise InventoryError(f"port {d.hca}/{d.port}: {exc}") from None
+    hcas.sort(key=lambda h: h.rail)
+    try:
+        return HostInventory(host=host, hcas=hcas, endpoints=list(endpoints))
+    except ValueError as exc:
+        raise InventoryError(str(exc)) from None

@@ -1,0 +1,170 @@
+"""The MQTT bus adapter: the only module that imports the MQTT client (aiomqtt 2.x).
+
+Consumes: a broker address and the topics to subscribe to. Produces: decoded-later raw
+messages to a handler, and publishes (QoS 1). Uses MQTT 3.1.1 only, so Mosquitto and the
+embedded amqtt broker both work. The connection is kept by :meth:`Bus.run`: on any error it
+waits a jittered exponential backoff (min..max, full jitter) and reconnects, resubscribes and
+calls ``on_connect`` (which re-publishes current state, so a broker outage never replays stale
+state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiomqtt
+import structlog
+
+__all__ = ["Bus", "BusMessage", "Will"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class BusMessage:
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+@dataclass(frozen=True)
+class Will:
+    """Last will: published retained by the broker when this client vanishes."""
+
+    topic: str
+    payload: bytes
+
+
+Handler = Callable[[BusMessage], Awaitable[None]]
+
+
+class Bus:
+    """One MQTT session that reconnects by itself.
+
+    ``async with Bus(...) as bus`` starts the connection task; ``publish`` returns False (and
+    drops the message) while disconnected: callers re-publish their current state from
+    ``on_connect``. Raises nothing on broker failures; they are logged and retried.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        client_id: str,
+        subscriptions: Sequence[str] = (),
+        handler: Handler | None = None,
+        on_connect: Callable[[], Awaitable[None]] | None = None,
+        will: Will | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        keepalive_s: int = 15,
+        reconnect_min_s: float = 0.2,
+        reconnect_max_s: float = 10.0,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._client_id = client_id
+        self._subscriptions = list(subscriptions)
+        self._handler = handler
+        self._on_connect = on_connect
+        self._will = will
+        self._username = username
+        self._password = password
+        self._keepalive = keepalive_s
+        self._backoff = (reconnect_min_s, reconnect_max_s)
+        self._client: aiomqtt.Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.connects = 0
+
+    async def __aenter__(self) -> Bus:
+        self._task = asyncio.create_task(self.run(), name=f"bus:{self._client_id}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def wait_connected(self, timeout: float) -> None:
+        await asyncio.wait_for(self.connected.wait(), timeout)
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> bool:
+        """QoS 1 publish. False when not connected or the publish failed (logged)."""
+        client = self._client
+        if client is None or not self.connected.is_set():
+            log.debug("bus_publish_dropped_disconnected", topic=topic)
+            return False
+        try:
+            await client.publish(topic, payload, qos=1, retain=retain)
+        except aiomqtt.MqttError as exc:
+            log.warning("bus_publish_failed", topic=topic, error=str(exc))
+            return False
+        return True
+
+    async def run(self) -> None:
+        """Connect, subscribe, dispatch; reconnect forever with jittered backoff."""
+        attempt = 0
+        while True:
+            will = (
+                aiomqtt.Will(self._will.topic, self._will.payload, qos=1, retain=True)
+                if self._will
+                else None
+            )
+            try:
+                async with aiomqtt.Client(
+                    self._host,
+                    self._port,
+                    identifier=self._client_id,
+                    username=self._username,
+                    password=self._password,
+                    protocol=aiomqtt.ProtocolVersion.V311,
+                    clean_session=True,
+                    keepalive=self._keepalive,
+                    will=will,
+                    timeout=10,
+                ) as client:
+                    self._client = client
+                    for sub in self._subscriptions:
+                        await client.subscribe(sub, qos=1)
+                    self.connected.set()
+                    self.connects += 1
+                    attempt = 0
+                    log.info(
+                        "bus_connected",
+                        broker=f"{self._host}:{self._port}",
+                        client_id=self._client_id,
+                        connects=self.connects,
+                    )
+                    if self._on_connect is not None:
+                        await self._on_connect()
+                    async for message in client.messages:
+                        if self._handler is None:
+                            continue
+                        payload = message.payload
+                        if isinstance(payload, str):
+                            payload = payload.encode()
+                        elif not isinstance(payload, bytes | bytearray):
+                            payload = b"" if payload is None else str(payload).encode()
+                        await self._handler(
+                            BusMessage(str(message.topic), bytes(payload), bool(message.retain))
+                        )
+            except aiomqtt.MqttError as exc:
+                attempt += 1
+                lo, hi = self._backoff
+                delay = random.uniform(lo, min(hi, lo * 2**attempt))
+                log.warning(
+                    "bus_disconnected", error=str(exc), retry_in_s=round(delay, 2), attempt=attempt
+                )
+            finally:
+                self._client = None
+                self.connected.clear()
+            await asyncio.sleep(delay)

@@ -1,0 +1,194 @@
+"""Settings for the agent and the topology service (pydantic-settings).
+
+Sources, highest first: explicit arguments, environment (``LINKGUARD_`` prefix, ``__`` for
+nesting: ``LINKGUARD_BUS__PORT=1884``), a YAML file (``--config``), then the defaults here.
+A bad value raises :class:`ConfigError` naming the field and the source file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from linkguard.agent.monitor import DampingPolicy
+from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer
+
+__all__ = [
+    "AgentSettings",
+    "BusSettings",
+    "ConfigError",
+    "GeneratorSettings",
+    "PortConfig",
+    "ServiceSettings",
+    "load_settings",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value or file that cannot be used."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BusSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    keepalive_s: int = Field(
+        15,
+        ge=5,
+        le=3600,
+        description="MQTT keepalive (s); the broker "
+        "publishes the last will after 1.5x this without traffic",
+    )
+    reconnect_min_s: float = Field(0.2, gt=0)
+    reconnect_max_s: float = Field(10.0, gt=0)
+    max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
+
+
+class PortConfig(_Section):
+    """One compute HCA port of this host and the rail it serves."""
+
+    hca: str = Field(min_length=1, max_length=64)
+    port: int = Field(1, ge=1, le=255)
+    rail: int | None = Field(None, ge=0, le=63, description="None: by PCI address order")
+    netdev: str | None = Field(None, max_length=15)
+    address: ipaddress.IPv4Address | None = None
+    link_layer: LinkLayer | None = None
+    numa_node: int | None = None
+
+
+class GeneratorSettings(_Section):
+    """Rail-optimized fabric generator parameters (used when no fabric file is given)."""
+
+    hosts: int = Field(4, ge=1, le=16384)
+    rails: int = Field(4, ge=1, le=16)
+    gpus_per_host: int | None = Field(None, ge=1, le=64)
+    hosts_per_su: int = Field(32, ge=1, le=1024)
+
+
+class _Base(BaseSettings):
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "info"
+    bus: BusSettings = BusSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = settings_cls.model_config.get("yaml_file")
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+
+class AgentSettings(_Base):
+    """``linkguard agent``: one per GPU host."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
+    driver: Literal["sysfs", "netlink", "simulated"] = "sysfs"
+    sysfs_root: Path = Path("/sys/class/infiniband")
+    poll_interval_ms: float = Field(100.0, ge=5, le=60_000)
+    netns: str | None = Field(
+        None,
+        description="network namespace of the netdevs and routes (labs); None = the agent's own",
+    )
+    ports: list[PortConfig] = Field(
+        default_factory=list,
+        description="empty: every HCA port found in sysfs, rails by PCI address order",
+    )
+    endpoints: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=64)
+    endpoint_prefixes: list[ipaddress.IPv4Network] = Field(
+        default_factory=lambda: [ipaddress.IPv4Network("10.200.0.0/16")],
+        description="plans may only route destinations inside these; one ip rule each",
+    )
+    route_table: int = Field(4242, ge=1, le=2**31 - 1, description="linkguard's own table")
+    rule_priority: int = Field(1000, ge=1, le=32765)
+    apply_routes: bool = True
+    damping: DampingPolicy = DampingPolicy()
+    state_dir: Path = Path("/var/lib/linkguard")
+    rail_map_path: Path = Path("/run/linkguard/rail-map.json")
+    shutdown_policy: Literal["keep", "withdraw"] = Field(
+        "keep", description="on SIGTERM: keep the routes in place, or withdraw table and rules"
+    )
+    refresh_interval_s: float = Field(30.0, ge=1, description="re-publish all port states")
+
+    @field_validator("route_table")
+    @classmethod
+    def _not_reserved(cls, v: int) -> int:
+        if v in (0, 253, 254, 255):
+            raise ValueError(f"table {v} is reserved (unspec/default/main/local)")
+        return v
+
+
+S = TypeVar("S", bound="_Base")
+
+
+class ServiceSettings(_Base):
+    """``linkguard topology serve``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    fabric: Path | None = Field(None, description="fabric file (JSON/YAML); None = generate")
+    generate: GeneratorSettings = GeneratorSettings()
+    debounce_ms: float = Field(
+        50.0,
+        ge=0,
+        le=10_000,
+        description="batch state changes this long before solving (Open/R batches over 10-250 ms)",
+    )
+    startup_settle_s: float = Field(
+        1.0, ge=0, le=600, description="collect retained states this long before the first plans"
+    )
+
+
+def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
+    """Build settings from ``path`` (YAML), the environment and ``overrides``.
+
+    Raises :class:`ConfigError` for a missing/unreadable file, bad YAML or a bad value.
+    """
+    target: type[S] = cls
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+
+        class _FromFile(cls):  # type: ignore[valid-type,misc]
+            model_config = SettingsConfigDict(**{**cls.model_config, "yaml_file": str(path)})
+
+        _FromFile.__name__ = cls.__name__
+        target = _FromFile
+    try:
+        return target(**overrides)
+    except ValidationError as exc:
+        where = f" in {path}" if path else ""
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise ConfigError(f"bad {cls.__name__} value{where}: {details}") from None
+    except Exception as exc:  # YAML syntax errors surface from the source as plain errors
+        raise ConfigError(f"cannot read config {path}: {exc}") from None

@@ -1,0 +1,348 @@
+"""The bus contract: every message linkguard sends or receives, as pydantic v2 models.
+
+Each model is validated on every decode (:func:`decode`). Payloads are JSON. Units are in the
+field names or descriptions: ``rate_gbps`` is Gb/s as in the sysfs ``rate`` file
+(Documentation/ABI/stable/sysfs-class-infiniband), times are seconds.
+
+Port state names and numbers follow the InfiniBand Architecture Specification vol. 1, 14.2.5.6
+(PortInfo.PortState and PortInfo.PortPhysicalState), which is what the kernel prints in
+``/sys/class/infiniband/<hca>/ports/<n>/state`` (``4: ACTIVE``) and ``phys_state`` (``5: LinkUp``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+from typing import Annotated, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "Ack",
+    "AckResult",
+    "Backup",
+    "BadMessage",
+    "DampingStatus",
+    "HCAInfo",
+    "HostInventory",
+    "HostStatus",
+    "LinkLayer",
+    "PhysState",
+    "Plan",
+    "PortEvent",
+    "PortRef",
+    "PortState",
+    "PortStateName",
+    "PortStatus",
+    "RailAssignment",
+    "RouteAssignment",
+    "decode",
+    "encode",
+]
+
+#: Default upper bound on one bus payload (bytes). A full plan for a 32-host SU with 8 GPUs per
+#: host is ~60 KiB; 4 MiB leaves room for issue-3 sized plans while refusing floods.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+HostName = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+]
+HCAName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+NetdevName = Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.\-@:]+$")]
+PortNum = Annotated[int, Field(ge=1, le=255, description="1-based port number, as in sysfs")]
+RailIndex = Annotated[int, Field(ge=0, le=63)]
+Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class PortStateName(StrEnum):
+    """Logical port state (IBA 14.2.5.6, PortInfo.PortState; sysfs ``state``)."""
+
+    NOP = "NOP"  # 0: no state change / unknown
+    DOWN = "DOWN"  # 1
+    INIT = "INIT"  # 2
+    ARMED = "ARMED"  # 3
+    ACTIVE = "ACTIVE"  # 4
+    ACTIVE_DEFER = "ACTIVE_DEFER"  # 5
+
+
+class PhysState(StrEnum):
+    """Physical port state (IBA 14.2.5.6, PortInfo.PortPhysicalState; sysfs ``phys_state``)."""
+
+    SLEEP = "Sleep"  # 1
+    POLLING = "Polling"  # 2
+    DISABLED = "Disabled"  # 3
+    PORT_CONFIGURATION_TRAINING = "PortConfigurationTraining"  # 4
+    LINK_UP = "LinkUp"  # 5
+    LINK_ERROR_RECOVERY = "LinkErrorRecovery"  # 6
+    PHY_TEST = "PhyTest"  # 7
+
+
+class LinkLayer(StrEnum):
+    INFINIBAND = "InfiniBand"
+    ETHERNET = "Ethernet"
+
+
+class PortStatus(StrEnum):
+    """Effective status after debounce and damping, what the solver acts on."""
+
+    UP = "up"  # usable
+    DOWN = "down"  # not usable right now
+    HELD_DOWN = "held_down"  # back up, but inside its hold-down
+    SUPPRESSED = "suppressed"  # back up, but its damping penalty is above the reuse threshold
+    UNKNOWN = "unknown"  # never observed with a readable state
+
+
+class DampingStatus(_Model):
+    """Flap history of one port. Times are host monotonic seconds converted to wall time."""
+
+    flaps: int = Field(0, ge=0, description="flaps inside the current history window")
+    penalty: float = Field(0.0, ge=0, description="RFC 2439-style figure of merit")
+    suppressed: bool = False
+    hold_down_s: float = Field(0.0, ge=0, description="current hold-down length (s)")
+    hold_down_remaining_s: float = Field(0.0, ge=0, description="time left before reuse (s)")
+
+
+class PortRef(_Model):
+    """A port of an HCA on a host."""
+
+    host: HostName
+    hca: HCAName
+    port: PortNum
+
+    @property
+    def key(self) -> str:
+        return f"{self.hca}/{self.port}"
+
+
+class HCAInfo(_Model):
+    """One compute HCA/NIC port of a host inventory."""
+
+    hca: HCAName
+    port: PortNum = 1
+    rail: RailIndex
+    link_layer: LinkLayer = LinkLayer.INFINIBAND
+    netdev: NetdevName | None = None
+    pci_address: str | None = Field(None, max_length=32, description="PCI BDF, 0000:18:00.0")
+    numa_node: int | None = Field(None, ge=-1, le=1023)
+    address: ipaddress.IPv4Address | None = Field(
+        None, description="this port's IPv4 address on its rail subnet (the next hop peers use)"
+    )
+
+    @property
+    def key(self) -> str:
+        return f"{self.hca}/{self.port}"
+
+
+class HostInventory(_Model):
+    """What one host has: its compute HCAs (one per rail) and its GPUs' endpoints."""
+
+    host: HostName
+    hcas: list[HCAInfo] = Field(max_length=64)
+    endpoints: list[ipaddress.IPv4Address] = Field(
+        default_factory=list, max_length=64, description="one /32 per GPU, index = GPU"
+    )
+    gpu_numa: list[int | None] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _rails_unique(self) -> HostInventory:
+        rails = [h.rail for h in self.hcas]
+        if len(set(rails)) != len(rails):
+            raise ValueError(f"host {self.host}: two HCAs on the same rail: {sorted(rails)}")
+        keys = [h.key for h in self.hcas]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"host {self.host}: duplicate HCA port")
+        return self
+
+
+class PortState(_Model):
+    """The monitored state of one port, published retained on ``hosts/<host>/ports/<hca>/<port>``.
+
+    ``state``/``phys_state`` are None when unreadable (bad sysfs value): "unknown", which never
+    turns into a route change. ``usable`` is the effective verdict after hold-down and damping.
+    """
+
+    host: HostName
+    hca: HCAName
+    port: PortNum
+    rail: RailIndex | None = None
+    link_layer: LinkLayer | None = None
+    netdev: NetdevName | None = None
+    state: PortStateName | None = None
+    phys_state: PhysState | None = None
+    carrier: bool | None = Field(None, description="netdev IFF_LOWER_UP (RoCE/IPoIB)")
+    rate_gbps: float | None = Field(None, ge=0, le=100_000)
+    status: PortStatus = PortStatus.UNKNOWN
+    usable: bool = False
+    reason: str | None = Field(None, max_length=200, description="why not usable, e.g. no_sm")
+    damping: DampingStatus = DampingStatus()
+    counters: dict[str, int | None] = Field(default_factory=dict, max_length=256)
+    counters_saturated: list[str] = Field(default_factory=list, max_length=256)
+    observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
+    seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
+
+    @property
+    def key(self) -> str:
+        return f"{self.hca}/{self.port}"
+
+
+class PortEvent(_Model):
+    """One status transition of a port (not retained; the ledger records these)."""
+
+    host: HostName
+    hca: HCAName
+    port: PortNum
+    rail: RailIndex | None = None
+    previous: PortStatus
+    current: PortStatus
+    reason: str | None = Field(None, max_length=200)
+    at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
+
+
+class HostStatus(_Model):
+    """Retained on ``hosts/<host>/status``; the broker publishes ``online=False`` as last will."""
+
+    host: HostName
+    online: bool
+    at: float | None = None
+    version: str | None = Field(None, max_length=64)
+
+
+class RailAssignment(_Model):
+    """Which HCA port carries the traffic of one local GPU."""
+
+    gpu: int = Field(ge=0, le=63)
+    endpoint: ipaddress.IPv4Address
+    hca: HCAName
+    port: PortNum
+    rail: RailIndex
+    home_rail: RailIndex
+
+
+class RouteAssignment(_Model):
+    """How this host reaches one peer endpoint: a /32 via the peer's address on one rail."""
+
+    destination: ipaddress.IPv4Address
+    peer: HostName
+    peer_gpu: int = Field(ge=0, le=63)
+    rail: RailIndex
+    home_rail: RailIndex
+    netdev: NetdevName | None = Field(None, description="local egress netdev on that rail")
+    gateway: ipaddress.IPv4Address
+
+
+class Backup(_Model):
+    """Precomputed fast-path change for one local port: what this host switches to on its own
+    the moment that port goes down, before the service answers. Only the entries that differ
+    from the plan are listed; ``withdraw`` are destinations with no surviving path."""
+
+    hca: HCAName
+    port: PortNum
+    rail: RailIndex
+    rail_assignments: list[RailAssignment] = Field(default_factory=list, max_length=64)
+    routes: list[RouteAssignment] = Field(default_factory=list, max_length=200_000)
+    withdraw: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=200_000)
+
+
+class Plan(_Model):
+    """All assignments for one host, retained on ``plans/<host>``. Epochs only grow."""
+
+    host: HostName
+    epoch: Epoch
+    issued_at: float = Field(ge=0)
+    rail_assignments: list[RailAssignment] = Field(default_factory=list, max_length=64)
+    routes: list[RouteAssignment] = Field(default_factory=list, max_length=200_000)
+    backups: list[Backup] = Field(default_factory=list, max_length=64)
+    unreachable: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=200_000)
+
+    @model_validator(mode="after")
+    def _unique_destinations(self) -> Plan:
+        dests = [r.destination for r in self.routes]
+        if len(set(dests)) != len(dests):
+            raise ValueError("plan routes a destination twice")
+        return self
+
+    def same_assignments(self, other: Plan | None) -> bool:
+        """True when ``other`` assigns exactly the same (epoch and time aside)."""
+        if other is None:
+            return False
+        skip = {"epoch", "issued_at"}
+        return self.model_dump(exclude=skip) == other.model_dump(exclude=skip)
+
+
+class AckResult(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"  # failed validation / stale epoch / wrong host
+    FAILED = "failed"  # valid but the kernel refused part of it
+
+
+class Ack(_Model):
+    """Agent -> service, on ``hosts/<host>/ack`` after every plan it handled."""
+
+    host: HostName
+    epoch: Epoch
+    result: AckResult
+    error: str | None = Field(None, max_length=2000)
+    applied_at: float = Field(ge=0)
+    apply_ms: float | None = Field(None, ge=0)
+    fast_path: bool = Field(False, description="applied locally from a backup, not a plan")
+
+
+class BadMessage(ValueError):
+    """A bus payload that cannot be accepted. ``reason`` is one of: oversized, not_json,
+    invalid, wrong_host."""
+
+    def __init__(self, reason: str, detail: str, *, topic: str | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" + (f" (topic {topic})" if topic else ""))
+        self.reason = reason
+        self.detail = detail
+        self.topic = topic
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def decode(
+    model: type[M],
+    payload: bytes | str,
+    *,
+    topic: str | None = None,
+    expect_host: str | None = None,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> M:
+    """Validate one bus payload into ``model``.
+
+    Raises :class:`BadMessage` (never anything else) when the payload is larger than
+    ``max_bytes``, not JSON, does not validate, or names another host than ``expect_host``
+    (the host its topic belongs to).
+    """
+    size = len(payload)
+    if size > max_bytes:
+        raise BadMessage("oversized", f"{size} bytes > {max_bytes}", topic=topic)
+    try:
+        obj = model.model_validate_json(payload)
+    except ValidationError as exc:
+        kind = "not_json" if any(e["type"] == "json_invalid" for e in exc.errors()) else "invalid"
+        errs = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors()[:3]
+        )
+        raise BadMessage(kind, f"{model.__name__}: {errs}", topic=topic) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # pragma: no cover - defensive
+        raise BadMessage("invalid", f"{model.__name__}: {exc}", topic=topic) from None
+    if expect_host is not None:
+        host = getattr(obj, "host", None)
+        if host != expect_host:
+            raise BadMessage(
+                "wrong_host", f"payload host {host!r} on topic of {expect_host!r}", topic=topic
+            )
+    return obj
+
+
+def encode(msg: BaseModel) -> bytes:
+    """JSON bytes of a model (the inverse of :func:`decode`)."""
+    return msg.model_dump_json().encode()

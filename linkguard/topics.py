@@ -1,0 +1,100 @@
+"""MQTT topic names, built in this one module. Version prefix ``linkguard/v1``.
+
+Layout (all QoS 1; "R" = retained):
+  linkguard/v1/hosts/<host>/inventory            R  HostInventory
+  linkguard/v1/hosts/<host>/status               R  HostStatus (last will: online=false)
+  linkguard/v1/hosts/<host>/ports/<hca>/<port>   R  PortState
+  linkguard/v1/hosts/<host>/events                  PortEvent
+  linkguard/v1/hosts/<host>/ack                  R  Ack
+  linkguard/v1/plans/<host>                      R  Plan
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "linkguard/v1"
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+__all__ = [
+    "PREFIX",
+    "ParsedTopic",
+    "ack",
+    "all_host_topics",
+    "all_plans",
+    "events",
+    "inventory",
+    "parse",
+    "plan",
+    "port_state",
+    "status",
+]
+
+
+def _seg(value: str) -> str:
+    """A topic segment: no MQTT wildcards or separators (``+ # /``), never empty."""
+    if not _SEGMENT.match(value):
+        raise ValueError(f"not a valid topic segment: {value!r}")
+    return value
+
+
+def inventory(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/inventory"
+
+
+def status(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/status"
+
+
+def port_state(host: str, hca: str, port: int) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/ports/{_seg(hca)}/{int(port)}"
+
+
+def events(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/events"
+
+
+def ack(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/ack"
+
+
+def plan(host: str) -> str:
+    return f"{PREFIX}/plans/{_seg(host)}"
+
+
+def all_host_topics() -> str:
+    """Subscription filter for everything agents publish."""
+    return f"{PREFIX}/hosts/#"
+
+
+def all_plans() -> str:
+    return f"{PREFIX}/plans/+"
+
+
+@dataclass(frozen=True)
+class ParsedTopic:
+    kind: str  # inventory | status | port | events | ack | plan
+    host: str
+    hca: str | None = None
+    port: int | None = None
+
+
+def parse(topic: str) -> ParsedTopic | None:
+    """Inverse of the builders; None for anything that is not a linkguard v1 topic."""
+    parts = topic.split("/")
+    if len(parts) < 4 or parts[0] != "linkguard" or parts[1] != "v1":
+        return None
+    if not all(_SEGMENT.match(p) for p in parts[2:]):
+        return None
+    if parts[2] == "plans" and len(parts) == 4:
+        return ParsedTopic("plan", parts[3])
+    if parts[2] != "hosts":
+        return None
+    host = parts[3]
+    rest = parts[4:]
+    if rest in (["inventory"], ["status"], ["events"], ["ack"]):
+        return ParsedTopic(rest[0], host)
+    if len(rest) == 3 and rest[0] == "ports" and rest[2].isdigit():
+        return ParsedTopic("port", host, rest[1], int(rest[2]))
+    return None

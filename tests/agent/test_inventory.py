@@ -1,0 +1,43 @@
+"""Rail index: from config, else PCI address order, never from the HCA's name."""
+
+from __future__ import annotations
+
+import pytest
+
+from linkguard.agent.inventory import DiscoveredPort, InventoryError, build_inventory
+from linkguard.config import PortConfig
+
+
+def test_rails_follow_pci_order_not_names() -> None:
+    # mlx5_0 sits at a higher PCI bus than mlx5_1 (it happens after driver reloads).
+    found = [
+        DiscoveredPort("mlx5_0", 1, pci_address="0000:9a:00.0", numa_node=1),
+        DiscoveredPort("mlx5_1", 1, pci_address="0000:18:00.0", numa_node=0),
+        DiscoveredPort("mlx5_2", 1, pci_address="0000:40:00.0", numa_node=0),
+    ]
+    inv = build_inventory("h", discovered=found)
+    assert [(h.hca, h.rail) for h in inv.hcas] == [("mlx5_1", 0), ("mlx5_2", 1), ("mlx5_0", 2)]
+    assert inv.hcas[0].numa_node == 0
+
+
+def test_config_rails_win_and_the_rest_fill_in_pci_order() -> None:
+    found = [
+        DiscoveredPort("mlx5_0", 1, pci_address="0000:18:00.0"),
+        DiscoveredPort("mlx5_1", 1, pci_address="0000:2a:00.0"),
+    ]
+    inv = build_inventory(
+        "h",
+        configured=[PortConfig(hca="mlx5_1", rail=0, netdev="ib1"), PortConfig(hca="mlx5_0")],
+        discovered=found,
+    )
+    assert [(h.hca, h.rail, h.netdev, h.pci_address) for h in inv.hcas] == [
+        ("mlx5_1", 0, "ib1", "0000:2a:00.0"),
+        ("mlx5_0", 1, None, "0000:18:00.0"),
+    ]
+
+
+def test_duplicate_configured_rail_is_a_clear_error() -> None:
+    with pytest.raises(InventoryError, match="same rail"):
+        build_inventory(
+            "h", configured=[PortConfig(hca="mlx5_0", rail=1), PortConfig(hca="mlx5_1", rail=1)]
+        )

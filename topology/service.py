@@ -1,0 +1,193 @@
+"""The topology service's wiring module.
+
+Tasks: ``bus`` (subscribes to every host topic and to retained plans) and ``solver`` (waits for
+a state change, batches changes for ``debounce_ms``, solves, publishes the changed plans
+retained with a new epoch). Bad messages are logged with their topic and reason, counted, and
+dropped; they never reach the fabric state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections import Counter
+
+import structlog
+from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
+from linkguard.topology.state import FabricState
+
+from linkguard import topics
+from linkguard.bus import Bus, BusMessage
+from linkguard.config import ServiceSettings
+from linkguard.models import Ack, BadMessage, HostStatus, Plan, PortState, decode, encode
+
+__all__ = ["TopologyService", "fabric_from_settings", "run_service"]
+
+log = structlog.get_logger(__name__)
+
+_DECODERS = {"port": PortState, "status": HostStatus, "ack": Ack, "plan": Plan}
+
+
+def fabric_from_settings(settings: ServiceSettings) -> Fabric:
+    if settings.fabric is not None:
+        return load_fabric(settings.fabric)
+    g = settings.generate
+    return generate_rail_optimized(
+        hosts=g.hosts, rails=g.rails, gpus_per_host=g.gpus_per_host, hosts_per_su=g.hosts_per_su
+    )
+
+
+class TopologyService:
+    """``await service.run()`` until cancelled or :meth:`stop`."""
+
+    def __init__(self, settings: ServiceSettings, *, fabric: Fabric | None = None) -> None:
+        self.settings = settings
+        self.fabric = fabric if fabric is not None else fabric_from_settings(settings)
+        self.state = FabricState(fabric=self.fabric, epoch_start=int(time.time() * 1000))
+        self.dropped: Counter[str] = Counter()
+        self.solves = 0
+        self.plans_published = 0
+        self._kick = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._started = time.monotonic()
+        self.bus = Bus(
+            host=settings.bus.host,
+            port=settings.bus.port,
+            client_id="linkguard-topology",
+            subscriptions=[topics.all_host_topics(), topics.all_plans()],
+            handler=self._on_message,
+            on_connect=self._on_connect,
+            username=settings.bus.username,
+            password=settings.bus.password,
+            keepalive_s=settings.bus.keepalive_s,
+            reconnect_min_s=settings.bus.reconnect_min_s,
+            reconnect_max_s=settings.bus.reconnect_max_s,
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        log.info(
+            "topology_starting",
+            fabric=self.fabric.name,
+            hosts=len(self.fabric.hosts),
+            debounce_ms=self.settings.debounce_ms,
+        )
+        tasks = [
+            asyncio.create_task(self.bus.run(), name="bus"),
+            asyncio.create_task(self._solver(), name="solver"),
+        ]
+        try:
+            stop = asyncio.create_task(self._stop.wait(), name="stop")
+            done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
+
+    async def _on_connect(self) -> None:
+        # After a broker restart without persistence the retained plans are gone: put them back
+        # (same epochs, so agents that applied them ignore them).
+        for plan in list(self.state.plans.values()):
+            await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
+
+    async def _on_message(self, msg: BusMessage) -> None:
+        parsed = topics.parse(msg.topic)
+        if parsed is None or parsed.kind not in _DECODERS:
+            return  # inventory and events are for the ledger and audit (later issues)
+        try:
+            obj = decode(
+                _DECODERS[parsed.kind],
+                msg.payload,
+                topic=msg.topic,
+                expect_host=parsed.host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+        except BadMessage as exc:
+            self.dropped[exc.reason] += 1
+            log.warning(
+                "message_dropped",
+                topic=msg.topic,
+                reason=exc.reason,
+                detail=exc.detail[:300],
+                bytes=len(msg.payload),
+            )
+            return
+        if isinstance(obj, PortState):
+            if parsed.hca != obj.hca or parsed.port != obj.port:
+                self.dropped["wrong_port"] += 1
+                log.warning("message_dropped", topic=msg.topic, reason="wrong_port")
+                return
+            if self.state.on_port_state(obj):
+                log.info(
+                    "port_usability_changed",
+                    host=obj.host,
+                    port=obj.key,
+                    rail=obj.rail,
+                    status=obj.status.value,
+                    reason=obj.reason,
+                )
+                self._kick.set()
+        elif isinstance(obj, HostStatus):
+            self.state.on_host_status(obj)
+            log.info("host_status", host=obj.host, online=obj.online)
+        elif isinstance(obj, Ack):
+            self.state.on_ack(obj)
+            log.info(
+                "ack",
+                host=obj.host,
+                epoch=obj.epoch,
+                result=obj.result.value,
+                fast_path=obj.fast_path,
+                apply_ms=obj.apply_ms,
+                error=obj.error,
+            )
+        elif isinstance(obj, Plan) and msg.retain:
+            self.state.on_retained_plan(obj)
+
+    async def _solver(self) -> None:
+        await self.bus.connected.wait()
+        settle = self.settings.startup_settle_s - (time.monotonic() - self._started)
+        if settle > 0:
+            await asyncio.sleep(settle)  # let retained states and plans arrive
+        while True:
+            if self.state.dirty:
+                await self._solve_and_publish()
+            self._kick.clear()
+            await self._kick.wait()
+            if self.settings.debounce_ms > 0:
+                await asyncio.sleep(self.settings.debounce_ms / 1000)
+
+    async def _solve_and_publish(self) -> None:
+        t0 = time.monotonic()
+        solved = self.state.solve(time.time())
+        self.solves += 1
+        ms = (time.monotonic() - t0) * 1000
+        for plan in solved.plans:
+            await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
+            self.plans_published += 1
+        log.info(
+            "plans_published",
+            epoch=solved.epoch,
+            changed=len(solved.plans),
+            unchanged=solved.unchanged,
+            solve_ms=round(ms, 2),
+            unusable={h: sorted(r) for h, r in self.state.unusable().items()},
+        )
+
+
+async def run_service(settings: ServiceSettings) -> None:
+    """Run until SIGTERM/SIGINT."""
+    service = TopologyService(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    with contextlib.suppress(asyncio.CancelledError):
+        await service.run()
