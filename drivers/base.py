@@ -41,6 +41,9 @@ class PortObservation:
     counters: dict[str, int | None] = field(default_factory=dict)
     saturated: frozenset[str] = frozenset()
     errors: tuple[str, ...] = ()
+    #: False when the device or netdev itself is gone (hot-unplug, NIC fell off the bus):
+    #: a real fault, unlike an unreadable value, so the port is unusable.
+    present: bool = True
 
     @property
     def key(self) -> str:
@@ -59,6 +62,7 @@ class PortObservation:
             and self.carrier == other.carrier
             and self.counters == other.counters
             and self.errors == other.errors
+            and self.present == other.present
         )
 
 

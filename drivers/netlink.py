@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from linkguard.drivers.base import PortObservation
 from pyroute2 import AsyncIPRoute
 from pyroute2 import config as pyroute2_config
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_LOWER_UP, IFF_UP
 
+from linkguard.drivers.base import PortObservation
 from linkguard.models import LinkLayer, PortStateName
 
 __all__ = ["NetlinkPort", "NetlinkPortSource", "NetnsNotFoundError", "open_iproute"]
@@ -136,6 +136,7 @@ class NetlinkPortSource:
                         link_layer=p.link_layer,
                         netdev=netdev,
                         errors=(f"netdev {netdev} not found",),
+                        present=False,
                     )
                 )
                 continue

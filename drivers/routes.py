@@ -24,10 +24,11 @@ from types import TracebackType
 from typing import Any
 
 import structlog
-from linkguard.drivers.netlink import open_iproute
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
+
+from linkguard.drivers.netlink import open_iproute
 
 __all__ = ["KernelRoute", "ReconcileResult", "RouteTable"]
 

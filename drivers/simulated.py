@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from linkguard.drivers.base import PortObservation
 from linkguard.drivers.routes import KernelRoute, ReconcileResult
-
 from linkguard.models import LinkLayer, PhysState, PortStateName
 
 __all__ = ["MemoryRouteTable", "SimulatedPortSource", "active_port"]

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import structlog
-from linkguard.drivers.base import PortObservation
 
+from linkguard.drivers.base import PortObservation
 from linkguard.models import LinkLayer, PhysState, PortStateName
 
 __all__ = [
@@ -562,7 +562,11 @@ def _error_key(error: str) -> tuple[str, str]:
 
 def _removed(hca: str, port: int, now: float) -> PortObservation:
     return PortObservation(
-        hca=hca, port=port, monotonic=now, errors=(f"{hca}/ports/{port}: ENOENT (device removed)",)
+        hca=hca,
+        port=port,
+        monotonic=now,
+        errors=(f"{hca}/ports/{port}: ENOENT (device removed)",),
+        present=False,
     )
 
 

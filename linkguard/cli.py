@@ -101,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from linkguard.agent.inventory import InventoryError
     from linkguard.config import AgentSettings, ConfigError, ServiceSettings, load_settings
+    from linkguard.drivers.netlink import NetnsNotFoundError
     from linkguard.logs import configure_logging
+    from linkguard.topology.fabric import FabricError
 
     if args.command == "quickstart":
         from linkguard.quickstart import run_quickstart
@@ -184,7 +187,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         configure_logging(settings_s.log_format, settings_s.log_level)
         asyncio.run(run_service(settings_s))
         return 0
-    except ConfigError as exc:
+    except (ConfigError, FabricError, InventoryError, NetnsNotFoundError) as exc:
         print(f"linkguard: {exc}", file=sys.stderr)
         return 2
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from linkguard.simulations.lab import Lab, LabError, endpoint_address, rail_address
 
+from linkguard.simulations.lab import Lab, LabError, endpoint_address, rail_address
 from tests.support import require_root
 
 LAB_LINK = re.compile(r"^(rail\d+|leaf\d+|h\d+r\d+)$")

@@ -15,13 +15,13 @@ import time
 from collections import Counter
 
 import structlog
-from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
-from linkguard.topology.state import FabricState
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage
 from linkguard.config import ServiceSettings
 from linkguard.models import Ack, BadMessage, HostStatus, Plan, PortState, decode, encode
+from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
+from linkguard.topology.state import FabricState
 
 __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 

@@ -39,8 +39,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from linkguard.topology.fabric import Fabric
-
 from linkguard.models import (
     Backup,
     HCAInfo,
@@ -49,6 +47,7 @@ from linkguard.models import (
     RailAssignment,
     RouteAssignment,
 )
+from linkguard.topology.fabric import Fabric
 
 __all__ = ["load_report", "solve"]
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from linkguard.models import Ack, AckResult, HostStatus, Plan, PortState, PortStatus
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.solver import solve
-
-from linkguard.models import Ack, AckResult, HostStatus, Plan, PortState, PortStatus
 
 __all__ = ["UNUSABLE", "FabricState", "Solved"]
 

@@ -220,9 +220,13 @@ def raw_usability(obs: PortObservation, *, link_layer: LinkLayer | None = None) 
     Without ``state`` the netdev carrier decides (IPoIB). Ethernet (RoCE): carrier decides when
     known (False -> "no_carrier") and ``state`` must be ACTIVE when known; LID 0 / no SM is never
     a fault there. ``state`` and ``carrier`` both None, or a NOP state (IBA: "no state change",
-    never a real reading), -> unknown with reason "unreadable: <first error>".
+    never a real reading), -> unknown with reason "unreadable: <first error>". A device or
+    netdev that is gone (``obs.present`` False) is a real fault: unusable, reason "absent: ...".
     ``link_layer`` is the remembered one, used when the reading has none.
     """
+    if not obs.present:
+        detail = obs.errors[0] if obs.errors else "device gone"
+        return RawVerdict(False, f"absent: {detail}"[:_MAX_REASON])
     layer = obs.link_layer or link_layer
     state = None if obs.state == PortStateName.NOP else obs.state
     if state is None and obs.carrier is None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from linkguard.drivers.base import PortObservation
 
 from linkguard.agent.monitor import DampingPolicy, PortMonitor
+from linkguard.drivers.base import PortObservation
 from linkguard.models import LinkLayer, PhysState, PortStateName, PortStatus
 
 WALL = 1_700_000_000.0

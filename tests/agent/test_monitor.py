@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from linkguard.drivers.base import PortObservation
 from pydantic import ValidationError
 
 from linkguard.agent.monitor import DampingPolicy, PortMonitor, raw_usability
+from linkguard.drivers.base import PortObservation
 from linkguard.models import LinkLayer, PhysState, PortStateName, PortStatus
 
 WALL = 1_700_000_000.0
@@ -302,3 +302,19 @@ def test_golden_timeline(mon):
         st = mon.state("mlx5_0/1")
         assert (st.status.value, transitions(out), st.reason) == (status, events, reason), t
     assert mon.state("mlx5_0/1").damping.flaps == 4
+
+
+def test_vanished_device_is_down_not_unknown(mon):
+    """A device that disappears (hot-unplug, NIC off the bus) is a fault: rerouted at once,
+    unlike an unreadable file, which keeps the status."""
+    mon.observe([ib("ACTIVE")], now=0.0, wall=1000.0)
+    gone = PortObservation(
+        hca="mlx5_0",
+        port=1,
+        monotonic=0.0,
+        present=False,
+        errors=("mlx5_0/ports/1: ENOENT (device removed)",),
+    )
+    out = mon.observe([gone], now=5.0, wall=1005.0)
+    assert transitions(out) == ["up->down"]
+    assert out.states[0].reason == "absent: mlx5_0/ports/1: ENOENT (device removed)"

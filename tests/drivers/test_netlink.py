@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+
 from linkguard.drivers.base import PortObservation, PortSource
 from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource, NetnsNotFoundError
-from linkguard.simulations.lab import Lab
-
 from linkguard.models import LinkLayer, PortStateName
+from linkguard.simulations.lab import Lab
 from tests.support import require_root
 
 PORTS = [

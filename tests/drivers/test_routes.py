@@ -8,10 +8,10 @@ import subprocess
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
+
 from linkguard.drivers.netlink import NetnsNotFoundError
 from linkguard.drivers.routes import KernelRoute, RouteTable
 from linkguard.simulations.lab import Lab
-
 from tests.support import require_root
 
 TABLE = 1042

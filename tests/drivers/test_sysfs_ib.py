@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
+
 from linkguard.drivers.base import PortObservation, PortSource
 from linkguard.drivers.counters import CounterBaseline
 from linkguard.drivers.sysfs_ib import (
@@ -23,8 +25,6 @@ from linkguard.drivers.sysfs_ib import (
     read_port,
     read_sysfs,
 )
-from structlog.testing import capture_logs
-
 from linkguard.models import LinkLayer, PhysState, PortStateName
 from tests.support import missing
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from linkguard.simulations.lab import Lab
-from linkguard.topology.fabric import Fabric, dump_fabric
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage
 from linkguard.models import Ack, HCAInfo, HostInventory, LinkLayer, Plan, PortState, decode
+from linkguard.simulations.lab import Lab
+from linkguard.topology.fabric import Fabric, dump_fabric
 
 TABLE = 4242
 UDPFLOW = Path(__file__).with_name("udpflow.py")

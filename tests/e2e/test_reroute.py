@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from linkguard.simulations.lab import Lab
 
 from linkguard.models import PortStatus
+from linkguard.simulations.lab import Lab
 from tests.e2e.harness import (
     TABLE,
     Observer,

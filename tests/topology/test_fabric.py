@@ -7,6 +7,9 @@ import json
 from collections import Counter
 
 import pytest
+from pydantic import ValidationError
+
+from linkguard.models import HostInventory
 from linkguard.topology.fabric import (
     Fabric,
     FabricError,
@@ -14,9 +17,6 @@ from linkguard.topology.fabric import (
     generate_rail_optimized,
     load_fabric,
 )
-from pydantic import ValidationError
-
-from linkguard.models import HostInventory
 
 IP = ipaddress.IPv4Address
 

@@ -7,10 +7,10 @@ import math
 from collections import Counter
 
 import pytest
-from linkguard.topology.fabric import Fabric, generate_rail_optimized
-from linkguard.topology.solver import load_report, solve
 
 from linkguard.models import Plan, RouteAssignment, decode, encode
+from linkguard.topology.fabric import Fabric, generate_rail_optimized
+from linkguard.topology.solver import load_report, solve
 
 A = "gpu005"  # the host that loses rails in most tests
 NORMAL = 31  # routes per rail per host with 32 hosts x 8 GPUs: 31 peers x 1 endpoint

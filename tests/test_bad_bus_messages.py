@@ -1,0 +1,185 @@
+"""Malformed, oversized, wrong-host, stale-epoch and out-of-scope bus messages, sent through a
+real Mosquitto to a real agent and a real topology service: logged, dropped, nothing applied."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from linkguard import topics
+from linkguard.agent.daemon import Agent
+from linkguard.agent.monitor import DampingPolicy
+from linkguard.bus import Bus
+from linkguard.config import BusSettings, ServiceSettings
+from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
+from linkguard.models import Ack, PortState, PortStatus, decode, encode
+from linkguard.quickstart import agent_settings_for
+from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.service import TopologyService
+from linkguard.topology.solver import solve
+
+FABRIC = generate_rail_optimized(hosts=2, rails=2)
+HOST = FABRIC.hosts[0].host
+OTHER = FABRIC.hosts[1].host
+
+
+async def _until(cond: Callable[[], object], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _plan_bytes(epoch: int, host: str = HOST, **edit: object) -> bytes:
+    plan = solve(FABRIC, {}, epoch=epoch, now=1.0)[host]
+    doc = json.loads(encode(plan))
+    doc.update(edit)
+    return json.dumps(doc).encode()
+
+
+@pytest.fixture
+async def agent_on_bus(mosquitto, tmp_path: Path):
+    bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05, max_message_bytes=256 * 1024)
+    settings = agent_settings_for(FABRIC, HOST, bus=bus, workdir=tmp_path, damping=DampingPolicy())
+    table = MemoryRouteTable()
+    inv = FABRIC.host(HOST)
+    source = SimulatedPortSource([active_port(h.hca, h.port) for h in inv.hcas])
+    agent = Agent(settings, source=source, table=table, discovered=[])
+    acks: list[Ack] = []
+
+    async def on_ack(msg) -> None:
+        acks.append(decode(Ack, msg.payload))
+
+    task = asyncio.create_task(agent.run())
+    async with Bus(
+        host="127.0.0.1",
+        port=mosquitto.port,
+        client_id="test-sender",
+        subscriptions=[topics.ack(HOST)],
+        handler=on_ack,
+    ) as sender:
+        await sender.wait_connected(10)
+        await agent.bus.wait_connected(10)
+        await sender.publish(topics.plan(HOST), _plan_bytes(10), retain=True)
+        await _until(lambda: agent.applier.applied_epoch == 10, "the valid plan")
+        yield agent, table, sender, acks
+    agent.stop()
+    await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    ("payload", "counter", "reason"),
+    [
+        (b"{not json", "messages_dropped", "not_json"),
+        (b"\xff\xfe\x00garbage", "messages_dropped", "not_json"),
+        (b" " * (300 * 1024), "messages_dropped", "oversized"),
+        (_plan_bytes(11, host=OTHER), "messages_dropped", "wrong_host"),
+        (_plan_bytes(11, issued_at=-3), "messages_dropped", "invalid"),
+        (_plan_bytes(11, surprise="field"), "messages_dropped", "invalid"),
+        (_plan_bytes(5), "plans_refused", "stale_epoch"),
+    ],
+    ids=[
+        "malformed",
+        "binary",
+        "oversized",
+        "wrong-host",
+        "negative-time",
+        "unknown-field",
+        "stale",
+    ],
+)
+async def test_agent_drops_bad_plan(
+    agent_on_bus, payload: bytes, counter: str, reason: str
+) -> None:
+    agent, table, sender, _ = agent_on_bus
+    before = dict(table.routes)
+    changes = table.changes
+    with capture_logs() as logs:
+        await sender.publish(topics.plan(HOST), payload)
+        await _until(lambda: getattr(agent.stats, counter)[reason] == 1, f"{reason} counted")
+    assert agent.applier.applied_epoch == 10
+    assert table.routes == before and table.changes == changes
+    logged = [e for e in logs if e.get("reason") == reason]
+    assert logged and logged[0]["log_level"] == "warning"
+
+
+@pytest.mark.real
+async def test_agent_refuses_out_of_scope_plan_and_acks_the_refusal(agent_on_bus) -> None:
+    agent, table, sender, acks = agent_on_bus
+    doc = json.loads(_plan_bytes(11))
+    doc["routes"][0]["destination"] = "192.0.2.1"  # outside the endpoint prefixes
+    await sender.publish(topics.plan(HOST), json.dumps(doc).encode())
+    await _until(lambda: agent.stats.plans_refused["out_of_scope"] == 1, "refusal")
+    await _until(lambda: any(a.epoch == 11 for a in acks), "refusal ack")
+    ack = next(a for a in acks if a.epoch == 11)
+    assert ack.result == "refused" and "192.0.2.1" in ack.error
+    assert agent.applier.applied_epoch == 10
+    assert "192.0.2.1" not in {str(d) for d in table.routes}
+    # the agent still applies the next good plan
+    await sender.publish(topics.plan(HOST), _plan_bytes(12))
+    await _until(lambda: agent.applier.applied_epoch == 12, "next good plan")
+
+
+@pytest.mark.real
+async def test_service_drops_bad_port_states(mosquitto) -> None:
+    bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05, max_message_bytes=64 * 1024)
+    service = TopologyService(
+        ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
+    )
+    task = asyncio.create_task(service.run())
+    good = PortState(
+        host=HOST,
+        hca="mlx5_0",
+        port=1,
+        status=PortStatus.DOWN,
+        usable=False,
+        observed_at=time.time(),
+        seq=1,
+    )
+    forged = good.model_copy(update={"host": OTHER})
+    cases = [
+        (topics.port_state(HOST, "mlx5_0", 1), b"not json", "not_json"),
+        (topics.port_state(HOST, "mlx5_0", 1), b"{" * 70_000, "oversized"),
+        (topics.port_state(HOST, "mlx5_0", 1), encode(forged), "wrong_host"),
+        (topics.port_state(HOST, "mlx5_1", 1), encode(good), "wrong_port"),
+        (
+            topics.ack(HOST),
+            encode(Ack(host=OTHER, epoch=1, result="applied", applied_at=1.0)),
+            "wrong_host",
+        ),
+        (topics.ack(HOST), b'{"host": "x"}', "invalid"),
+    ]
+    try:
+        async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="forger") as forger:
+            await forger.wait_connected(10)
+            await service.bus.wait_connected(10)
+            await _until(lambda: service.solves >= 1, "first solve")
+            with capture_logs() as logs:
+                for topic, payload, _ in cases:
+                    await forger.publish(topic, payload)
+                await _until(lambda: sum(service.dropped.values()) == len(cases), "all dropped")
+            assert service.dropped == {
+                "not_json": 1,
+                "oversized": 1,
+                "wrong_host": 2,
+                "wrong_port": 1,
+                "invalid": 1,
+            }
+            assert {e["topic"] for e in logs if e["event"] == "message_dropped"} == {
+                t for t, _, _ in cases
+            }
+            assert service.state.unusable() == {}
+            # a genuine state still gets through and is acted on
+            await forger.publish(topics.port_state(HOST, "mlx5_0", 1), encode(good))
+            await _until(lambda: service.state.unusable() == {HOST: frozenset({0})}, "real down")
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 10)

@@ -1,0 +1,91 @@
+"""The command line: help, the quick start, fabric generation and configuration errors."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from linkguard.cli import main
+from linkguard.config import AgentSettings, ConfigError, load_settings
+from linkguard.quickstart import run_quickstart
+from linkguard.topology.fabric import load_fabric
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "linkguard.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_lists_every_command() -> None:
+    out = _cli("--help")
+    assert out.returncode == 0
+    for cmd in ("quickstart", "agent", "topology", "fabric", "broker"):
+        assert cmd in out.stdout
+
+
+async def test_quickstart_moves_the_rail_and_brings_it_back() -> None:
+    out = io.StringIO()
+    res = await run_quickstart(hosts=4, rails=4, hold_down_s=1.0, out=out)
+    text = out.getvalue()
+    assert "local fast path" in text and "re-admitted after hold-down" in text
+    # 3 peers of the victim each move one route to its rail-1 endpoint, and the victim moves
+    # its 3 routes to the peers' rail-1 endpoints: 6 routes, spread over 3 surviving rails.
+    assert res["routes_moved"] == 6
+    assert res["victim_busiest_nic_load"] == pytest.approx(4 / 3)
+    assert res["readmit_ms"] >= 1000
+    assert res["routes_restored"] is True
+
+
+def test_fabric_generate_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "fabric.yaml"
+    assert main(["fabric", "generate", "--hosts", "3", "--rails", "2", "-o", str(path)]) == 0
+    fabric = load_fabric(path)
+    assert [h.host for h in fabric.hosts] == ["gpu000", "gpu001", "gpu002"]
+    assert str(fabric.hosts[1].hcas[1].address) == "10.100.1.2"
+
+
+def test_bad_config_value_names_the_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({"host": "h", "route_table": 254}))
+    with pytest.raises(ConfigError, match="route_table"):
+        load_settings(AgentSettings, cfg)
+    out = _cli("agent", "-c", str(cfg))
+    assert out.returncode == 2
+    assert "route_table" in out.stderr and "reserved" in out.stderr
+
+
+def test_config_file_errors_exit_2(tmp_path: Path) -> None:
+    assert _cli("agent", "-c", str(tmp_path / "missing.yaml")).returncode == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("host: [unclosed\n")
+    out = _cli("agent", "-c", str(bad))
+    assert out.returncode == 2 and "bad.yaml" in out.stderr
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("hots: typo\n")
+    out = _cli("agent", "-c", str(unknown))
+    assert out.returncode == 2 and "hots" in out.stderr
+
+
+def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({"host": "h", "bus": {"port": 1884, "host": "broker"}}))
+    monkeypatch.setenv("LINKGUARD_BUS__PORT", "1999")
+    s = load_settings(AgentSettings, cfg)
+    assert (s.bus.host, s.bus.port) == ("broker", 1999)
+
+
+def test_bad_fabric_file_exits_2(tmp_path: Path) -> None:
+    fab = tmp_path / "fabric.yaml"
+    fab.write_text("name: x\nhosts: [{host: a}]\n")
+    out = _cli("topology", "serve", "--fabric", str(fab), "--broker", "127.0.0.1:9")
+    assert out.returncode == 2
+    assert "fabric.yaml" in out.stderr
