@@ -95,11 +95,18 @@ class FabricState:
 
     def solve(self, now: float) -> Solved:
         """Solve the whole fabric; return the plans that differ from the last ones."""
-        epoch = self._epoch + 1
-        fresh = solve(self.fabric, self.unusable(), epoch=epoch, now=now)
-        changed = [p for h, p in sorted(fresh.items()) if not p.same_assignments(self.plans.get(h))]
         self.dirty = False
+        return self.commit(solve(self.fabric, self.unusable(), epoch=self._epoch + 1, now=now))
+
+    def commit(self, fresh: dict[str, Plan]) -> Solved:
+        """Take the plans of a solve done elsewhere (a worker thread): keep and number the ones
+        that differ from the last plans. Epochs are re-numbered if this state moved past the
+        solve's epoch meanwhile (a retained plan with a higher epoch arrived)."""
+        changed = [p for h, p in sorted(fresh.items()) if not p.same_assignments(self.plans.get(h))]
         if changed:
+            epoch = max(self._epoch + 1, changed[0].epoch)
+            if changed[0].epoch != epoch:
+                changed = [p.model_copy(update={"epoch": epoch}) for p in changed]
             self._epoch = epoch
             for p in changed:
                 self.plans[p.host] = p

@@ -1,0 +1,83 @@
+"""The service's pure core: which states trigger a solve, epochs, diffs and pending acks."""
+
+from __future__ import annotations
+
+from linkguard.models import Ack, AckResult, PortState, PortStatus
+from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.solver import solve
+from linkguard.topology.state import FabricState
+
+FABRIC = generate_rail_optimized(hosts=4, rails=4)
+
+
+def _st(host: str, hca: str, status: PortStatus, seq: int = 1, at: float = 1.0) -> PortState:
+    return PortState(
+        host=host,
+        hca=hca,
+        port=1,
+        status=status,
+        usable=status == PortStatus.UP,
+        observed_at=at,
+        seq=seq,
+    )
+
+
+def test_only_usability_changes_trigger_a_solve() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=100)
+    s.solve(0.0)
+    assert s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.UP)) is True  # first sight
+    assert s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.UP, seq=2)) is False
+    assert s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.DOWN, seq=3)) is True
+    # down -> held_down: still unusable, nothing to re-plan
+    assert s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.HELD_DOWN, seq=4)) is False
+    assert s.unusable() == {"gpu000": frozenset({1})}
+    # unknown (unreadable) counts as usable: no information never reroutes
+    s.on_port_state(_st("gpu001", "mlx5_2", PortStatus.UNKNOWN))
+    assert "gpu001" not in s.unusable()
+
+
+def test_unknown_port_and_late_old_state_are_ignored() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=1)
+    assert s.on_port_state(_st("gpu000", "mlx5_9", PortStatus.DOWN)) is False
+    assert ("gpu000", "mlx5_9/1") in s.ignored_ports
+    s.on_port_state(_st("gpu000", "mlx5_0", PortStatus.DOWN, seq=5, at=10.0))
+    assert s.on_port_state(_st("gpu000", "mlx5_0", PortStatus.UP, seq=4, at=9.0)) is False
+    assert s.unusable() == {"gpu000": frozenset({0})}
+
+
+def test_epochs_grow_and_unchanged_hosts_get_nothing() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=100)
+    first = s.solve(0.0)
+    assert first.epoch == 100 and len(first.plans) == 4
+    assert s.solve(1.0).plans == []  # nothing changed: nothing to publish
+    s.on_port_state(_st("gpu002", "mlx5_3", PortStatus.DOWN))
+    second = s.solve(2.0)
+    assert second.epoch == 101 and {p.epoch for p in second.plans} == {101}
+
+
+def test_restart_continues_above_retained_epochs_without_churn() -> None:
+    old = solve(FABRIC, {}, epoch=5000, now=0.0)
+    s = FabricState(fabric=FABRIC, epoch_start=10)  # a clock that went backwards
+    for p in old.values():
+        s.on_retained_plan(p)
+    assert s.solve(1.0).plans == []  # same assignments as retained: no new plans
+    s.on_port_state(_st("gpu000", "mlx5_0", PortStatus.DOWN))
+    assert {p.epoch for p in s.solve(2.0).plans} == {5001}
+
+
+def test_commit_renumbers_when_a_higher_epoch_arrived_during_the_solve() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=10)
+    fresh = solve(FABRIC, {}, epoch=10, now=0.0)
+    s.on_retained_plan(solve(FABRIC, {"gpu000": frozenset({0})}, epoch=50, now=0.0)["gpu000"])
+    solved = s.commit(fresh)
+    assert solved.epoch == 51 and {p.epoch for p in solved.plans} == {51}
+
+
+def test_pending_acks() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=7)
+    s.solve(0.0)
+    assert s.pending_acks() == ["gpu000", "gpu001", "gpu002", "gpu003"]
+    for h in ("gpu000", "gpu001", "gpu002"):
+        s.on_ack(Ack(host=h, epoch=7, result=AckResult.APPLIED, applied_at=1.0))
+    s.on_ack(Ack(host="gpu003", epoch=7, result=AckResult.FAILED, applied_at=1.0, error="x"))
+    assert s.pending_acks() == ["gpu003"]
