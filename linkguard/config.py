@@ -58,6 +58,10 @@ class BusSettings(_Section):
     reconnect_max_s: float = Field(10.0, gt=0)
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
 
+    def connection(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`linkguard.bus.Bus` (broker, credentials, timers)."""
+        return self.model_dump(exclude={"max_message_bytes"})
+
 
 class PortConfig(_Section):
     """One compute HCA port of this host and the rail it serves."""

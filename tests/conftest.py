@@ -34,11 +34,13 @@ def _wait_port(host: str, port: int, timeout: float) -> None:
     raise TimeoutError(f"mosquitto did not listen on {host}:{port} within {timeout} s")
 
 
-def start_mosquitto(tmp: Path) -> Broker:
+def start_mosquitto(tmp: Path, port: int = 0) -> Broker:
+    """Start Mosquitto on ``port`` (0: a free one) of 127.0.0.1 with linkguard's settings."""
     binary = require_binary("mosquitto")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if port == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     conf = tmp / "mosquitto.conf"
     log = tmp / "mosquitto.log"
     # max_queued_messages: Mosquitto's default (1000) silently drops QoS 1 messages under

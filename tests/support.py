@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -34,3 +37,13 @@ def require_binary(name: str) -> str:
     if path is None:
         missing(f"needs the `{name}` binary")
     return path  # type: ignore[return-value]
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Wait for ``cond()`` to be true, polling every 10 ms; fail naming ``what`` after
+    ``timeout`` seconds. The one way tests wait: on a condition, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)

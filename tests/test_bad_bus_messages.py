@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,11 @@ from linkguard.quickstart import agent_settings_for
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from linkguard.topology.solver import solve
+from tests.support import until
 
 FABRIC = generate_rail_optimized(hosts=2, rails=2)
 HOST = FABRIC.hosts[0].host
 OTHER = FABRIC.hosts[1].host
-
-
-async def _until(cond: Callable[[], object], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def _plan_bytes(epoch: int, host: str = HOST, **edit: object) -> bytes:
@@ -68,7 +60,7 @@ async def agent_on_bus(mosquitto, tmp_path: Path):
         await sender.wait_connected(10)
         await agent.bus.wait_connected(10)
         await sender.publish(topics.plan(HOST), _plan_bytes(10), retain=True)
-        await _until(lambda: agent.applier.applied_epoch == 10, "the valid plan")
+        await until(lambda: agent.applier.applied_epoch == 10, "the valid plan")
         yield agent, table, sender, acks
     agent.stop()
     await asyncio.wait_for(task, 10)
@@ -104,7 +96,7 @@ async def test_agent_drops_bad_plan(
     changes = table.changes
     with capture_logs() as logs:
         await sender.publish(topics.plan(HOST), payload)
-        await _until(lambda: getattr(agent.stats, counter)[reason] == 1, f"{reason} counted")
+        await until(lambda: getattr(agent.stats, counter)[reason] == 1, f"{reason} counted")
     assert agent.applier.applied_epoch == 10
     assert table.routes == before and table.changes == changes
     logged = [e for e in logs if e.get("reason") == reason]
@@ -117,15 +109,15 @@ async def test_agent_refuses_out_of_scope_plan_and_acks_the_refusal(agent_on_bus
     doc = json.loads(_plan_bytes(11))
     doc["routes"][0]["destination"] = "192.0.2.1"  # outside the endpoint prefixes
     await sender.publish(topics.plan(HOST), json.dumps(doc).encode())
-    await _until(lambda: agent.stats.plans_refused["out_of_scope"] == 1, "refusal")
-    await _until(lambda: any(a.epoch == 11 for a in acks), "refusal ack")
+    await until(lambda: agent.stats.plans_refused["out_of_scope"] == 1, "refusal")
+    await until(lambda: any(a.epoch == 11 for a in acks), "refusal ack")
     ack = next(a for a in acks if a.epoch == 11)
     assert ack.result == "refused" and "192.0.2.1" in ack.error
     assert agent.applier.applied_epoch == 10
     assert "192.0.2.1" not in {str(d) for d in table.routes}
     # the agent still applies the next good plan
     await sender.publish(topics.plan(HOST), _plan_bytes(12))
-    await _until(lambda: agent.applier.applied_epoch == 12, "next good plan")
+    await until(lambda: agent.applier.applied_epoch == 12, "next good plan")
 
 
 @pytest.mark.real
@@ -161,11 +153,11 @@ async def test_service_drops_bad_port_states(mosquitto) -> None:
         async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="forger") as forger:
             await forger.wait_connected(10)
             await service.bus.wait_connected(10)
-            await _until(lambda: service.solves >= 1, "first solve")
+            await until(lambda: service.solves >= 1, "first solve")
             with capture_logs() as logs:
                 for topic, payload, _ in cases:
                     await forger.publish(topic, payload)
-                await _until(lambda: sum(service.dropped.values()) == len(cases), "all dropped")
+                await until(lambda: sum(service.dropped.values()) == len(cases), "all dropped")
             assert service.dropped == {
                 "not_json": 1,
                 "oversized": 1,
@@ -179,7 +171,7 @@ async def test_service_drops_bad_port_states(mosquitto) -> None:
             assert service.state.unusable() == {}
             # a genuine state still gets through and is acted on
             await forger.publish(topics.port_state(HOST, "mlx5_0", 1), encode(good))
-            await _until(lambda: service.state.unusable() == {HOST: frozenset({0})}, "real down")
+            await until(lambda: service.state.unusable() == {HOST: frozenset({0})}, "real down")
     finally:
         service.stop()
         await asyncio.wait_for(task, 10)

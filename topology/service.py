@@ -54,17 +54,11 @@ class TopologyService:
         self._stop = asyncio.Event()
         self._started = time.monotonic()
         self.bus = Bus(
-            host=settings.bus.host,
-            port=settings.bus.port,
+            **settings.bus.connection(),
             client_id="linkguard-topology",
             subscriptions=[topics.all_host_topics(), topics.all_plans()],
             handler=self._on_message,
             on_connect=self._on_connect,
-            username=settings.bus.username,
-            password=settings.bus.password,
-            keepalive_s=settings.bus.keepalive_s,
-            reconnect_min_s=settings.bus.reconnect_min_s,
-            reconnect_max_s=settings.bus.reconnect_max_s,
         )
 
     def stop(self) -> None:

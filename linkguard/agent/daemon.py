@@ -156,8 +156,7 @@ class Agent:
         self._deadline: float | None = None
         self._stop = asyncio.Event()
         self.bus = Bus(
-            host=settings.bus.host,
-            port=settings.bus.port,
+            **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}",
             subscriptions=[topics.plan(self.host)],
             handler=self._on_message,
@@ -166,11 +165,6 @@ class Agent:
                 topics.status(self.host),
                 encode(HostStatus(host=self.host, online=False, version=__version__)),
             ),
-            username=settings.bus.username,
-            password=settings.bus.password,
-            keepalive_s=settings.bus.keepalive_s,
-            reconnect_min_s=settings.bus.reconnect_min_s,
-            reconnect_max_s=settings.bus.reconnect_max_s,
         )
 
     def stop(self) -> None:
