@@ -32,6 +32,7 @@ from linkguard.models import (
     BadMessage,
     HostInventory,
     HostStatus,
+    LinkLayer,
     Plan,
     PortStatus,
     decode,
@@ -77,17 +78,27 @@ def discover(settings: AgentSettings) -> list[DiscoveredPort]:
 
 
 def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource:
+    from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource
+
     if settings.driver == "sysfs":
+        from linkguard.drivers.merged import CarrierMergedSource
         from linkguard.drivers.sysfs_ib import SysfsIBSource
 
-        return SysfsIBSource(
+        sysfs = SysfsIBSource(
             root=settings.sysfs_root,
             interval_s=settings.poll_interval_ms / 1000,
             ports={h.key for h in inventory.hcas},
         )
+        # RoCE: the netdev's carrier (netlink) is the health signal; sysfs adds the RDMA view.
+        roce = [h for h in inventory.hcas if h.link_layer == LinkLayer.ETHERNET and h.netdev]
+        if not roce:
+            return sysfs
+        carrier = NetlinkPortSource(
+            ports=[NetlinkPort(h.hca, h.port, h.netdev, h.link_layer) for h in roce],
+            netns=settings.netns,
+        )
+        return CarrierMergedSource(primary=sysfs, carrier=carrier)
     if settings.driver == "netlink":
-        from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource
-
         missing = [h.key for h in inventory.hcas if not h.netdev]
         if missing:
             raise ValueError(f"netlink driver needs a netdev for every port; missing: {missing}")

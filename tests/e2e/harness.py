@@ -164,6 +164,7 @@ def write_configs(
     *,
     driver: str,
     hold_down_s: float,
+    roce: bool = True,
     sysfs_roots: dict[str, Path] | None = None,
 ) -> dict:
     """Service + one agent config per host; returns {"service": path, host: path...}."""
@@ -190,7 +191,7 @@ def write_configs(
                     "port": h.port,
                     "rail": h.rail,
                     "netdev": h.netdev,
-                    "link_layer": h.link_layer.value if driver == "netlink" else None,
+                    "link_layer": "Ethernet" if roce else None,
                     "address": str(h.address),
                 }
                 for h in inv.hcas

@@ -4,8 +4,8 @@ Mosquitto, the topology service and one agent process per host.
 Take host0's rail-0 link down: every host's linkguard table routes host0's rail-0 endpoint (and
 host0 routes everything) over rail 1, host0's rail map moves GPU 0 to rail 1, every host acks the
 epoch, and UDP flows to and from host0 GPU 0 flow again. Bring it back: re-admitted only after
-the hold-down. Runs once on the netlink driver (carrier of the veth) and once on the sysfs driver
-(a copy of the gpud H100 tree per host whose mlx5_0 state files are rewritten).
+the hold-down. Runs on the netlink driver, on the sysfs driver (InfiniBand) and on the sysfs
+driver with RoCE ports (netdev carrier merged in); see the test's docstring.
 """
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ def _set_ib_state(root: Path, hca: str, state: str, phys: str) -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("driver", ["netlink", "sysfs"])
+@pytest.mark.parametrize("variant", ["netlink", "sysfs", "sysfs-roce"])
 async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
-    driver: str, mosquitto, tmp_path: Path, fixtures_real: Path
+    variant: str, mosquitto, tmp_path: Path, fixtures_real: Path
 ) -> None:
+    """netlink: the agent watches the rail netdevs' carrier. sysfs: the agent reads a copy of
+    the gpud H100 tree whose mlx5_0 state files the test rewrites (InfiniBand). sysfs-roce: the
+    same tree with mlx5_0/mlx5_1 made Ethernet (RoCE); the test changes no sysfs file, so the
+    fault is seen only through the netdev carrier merged in from netlink."""
     require_root()
+    driver = variant.split("-")[0]
     with Lab.create(hosts=3, rails=2) as lab:
         fabric = lab_fabric(lab)
         roots = None
@@ -55,12 +60,17 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 h.name: copy_tree(fixtures_real / GPUD_TREE, tmp_path / f"sysfs-{h.name}")
                 for h in lab.hosts
             }
+            if variant == "sysfs-roce":
+                for root in roots.values():
+                    for hca in ("mlx5_0", "mlx5_1"):
+                        (root / hca / "ports" / "1" / "link_layer").write_text("Ethernet\n")
         cfgs = write_configs(
             tmp_path,
             lab,
             fabric,
             mosquitto.port,
             driver=driver,
+            roce=variant != "sysfs",
             hold_down_s=HOLD_DOWN_S,
             sysfs_roots=roots,
         )
@@ -102,7 +112,7 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 # -- link down ----------------------------------------------------------------
                 t_down = time.monotonic()
                 lab.link_down(0, 0)
-                if roots:
+                if variant == "sysfs":
                     _set_ib_state(roots[victim], "mlx5_0", "1: DOWN", "2: Polling")
 
                 def rerouted() -> bool:
@@ -145,7 +155,7 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 )
                 fast = [a for _, a in obs.acks[victim] if a.fast_path]
                 print(
-                    f"\n[{driver}] link down -> last ack: {(t_last_ack - t_down) * 1000:.1f} ms;"
+                    f"\n[{variant}] link down -> last ack: {(t_last_ack - t_down) * 1000:.1f} ms;"
                     f" data-plane gap inbound (needs peers' plans) {gap_in:.1f} ms "
                     f"({lost_in} lost), outbound (local fast path) {gap_out:.1f} ms "
                     f"({lost_out} lost); fast path acks: {len(fast)}"
@@ -160,7 +170,7 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 epoch1 = max(obs.latest_plan(n).epoch for n in names)
                 t_up = time.monotonic()
                 lab.link_up(0, 0)
-                if roots:
+                if variant == "sysfs":
                     _set_ib_state(roots[victim], "mlx5_0", "4: ACTIVE", "5: LinkUp")
                 await until(
                     lambda: any(
@@ -183,7 +193,7 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 t_plan = min(t for n in names for t, p in obs.plans[n] if p.epoch > epoch1)
                 readmit = t_plan - t_up
                 print(
-                    f"[{driver}] link up -> re-admission plan: {readmit * 1000:.1f} ms "
+                    f"[{variant}] link up -> re-admission plan: {readmit * 1000:.1f} ms "
                     f"(hold-down {HOLD_DOWN_S} s)"
                 )
                 assert readmit >= HOLD_DOWN_S
