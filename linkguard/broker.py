@@ -20,11 +20,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _broker_class() -> type:
+    from amqtt.broker import Broker
+
+    class LoopbackBroker(Broker):
+        """amqtt's broker with one fix: on connect, amqtt 0.11/0.12 sends a client the retained
+        messages matching *every* client's subscriptions (broker.py, right after
+        ``handler.start()``), so agents would receive each other's plans. Serve a client only
+        the retained messages of filters it subscribed to itself."""
+
+        async def _publish_retained_messages_for_subscription(self, subscription, session):  # type: ignore[no-untyped-def]
+            subscribers = self._subscriptions.get(subscription[0], ())
+            if any(s is session for s, _ in subscribers):
+                await super()._publish_retained_messages_for_subscription(subscription, session)
+
+    return LoopbackBroker
+
+
 @asynccontextmanager
 async def embedded_broker(*, host: str = "127.0.0.1", port: int = 1883) -> AsyncIterator[int]:
     """Run an amqtt broker for the lifetime of the context; yields the port it listens on
     (``port=0`` picks a free one)."""
-    from amqtt.broker import Broker
+    from amqtt.errors import BrokerError
 
     if port == 0:
         port = free_port(host)
@@ -34,8 +51,11 @@ async def embedded_broker(*, host: str = "127.0.0.1", port: int = 1883) -> Async
             "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True},
         },
     }
-    broker = Broker(config)
-    await broker.start()
+    broker = _broker_class()(config)
+    try:
+        await broker.start()
+    except BrokerError as exc:  # amqtt wraps bind errors (address in use, unknown host)
+        raise OSError(f"embedded broker cannot listen on {host}:{port}: {exc}") from None
     try:
         yield port
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -20,14 +21,61 @@ from linkguard import __version__
 
 __all__ = ["main"]
 
+_BROKER = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*)):"
+    r"(?P<port>\d{1,5})$"
+)
+#: The embedded broker (amqtt) stops delivering reliably beyond this many agents; it is for trials.
+QUICKSTART_MAX_HOSTS = 64
+
+
+def broker_address(text: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` or ``[IPv6]:PORT`` (argparse type; ValueError on anything else)."""
+    m = _BROKER.match(text)
+    port = int(m["port"]) if m else 0
+    if not m or not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be HOST:PORT or [IPV6]:PORT with port 1-65535, got {text!r}"
+        )
+    return (m["v6"] or m["host"], port)
+
+
+def _positive(kind: type, *, lo: float, hi: float):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo:g} and {hi:g}, got {text}")
+        return v
+
+    return parse
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "-c", "--config", type=Path, help="YAML config file (env LINKGUARD_* overrides it)"
+        "-c",
+        "--config",
+        type=Path,
+        help="YAML config file (LINKGUARD_* environment variables override it)",
     )
     p.add_argument("--log-format", choices=["json", "console"], help="default: json")
-    p.add_argument("--log-level", help="debug, info, warning, error (default: info)")
-    p.add_argument("--broker", metavar="HOST:PORT", help="MQTT broker (default 127.0.0.1:1883)")
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+    p.add_argument(
+        "--broker",
+        metavar="HOST:PORT",
+        type=broker_address,
+        help="MQTT broker (default 127.0.0.1:1883)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -37,14 +85,12 @@ def _overrides(args: argparse.Namespace) -> dict:
     if args.log_level:
         out["log_level"] = args.log_level
     if args.broker:
-        host, _, port = args.broker.rpartition(":")
-        if not host or not port.isdigit():
-            raise SystemExit(f"linkguard: --broker must be HOST:PORT, got {args.broker!r}")
-        out["bus"] = {"host": host, "port": int(port)}
+        out["bus"] = {"host": args.broker[0], "port": args.broker[1]}
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
         prog="linkguard",
         description="Keep multi-node GPU training running when an IB/RoCE link fails or flaps.",
@@ -54,55 +100,98 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser(
         "quickstart",
-        help="run broker, service and simulated agents; take a "
-        "link down and back; print what moved and how long it took",
+        formatter_class=fmt,
+        help="run broker, service and simulated agents; take a link down and "
+        "back; print what moved and how long it took",
     )
-    q.add_argument("--hosts", type=int, default=4, help="hosts in the generated fabric (4)")
-    q.add_argument("--rails", type=int, default=4, help="rails per host (4)")
-    q.add_argument("--hold-down", type=float, default=2.0, help="hold-down in s (2.0)")
-    q.add_argument("--rail", type=int, default=1, help="rail of the first host to fail (1)")
+    q.add_argument(
+        "--hosts",
+        type=_positive(int, lo=2, hi=QUICKSTART_MAX_HOSTS),
+        default=4,
+        help=f"hosts in the generated fabric (2-{QUICKSTART_MAX_HOSTS})",
+    )
+    q.add_argument(
+        "--rails", type=_positive(int, lo=2, hi=16), default=4, help="rails (NICs) per host"
+    )
+    q.add_argument(
+        "--hold-down",
+        type=_positive(float, lo=0.1, hi=60),
+        default=2.0,
+        help="hold-down before a returning link is reused (s)",
+    )
+    q.add_argument(
+        "--rail",
+        type=_positive(int, lo=0, hi=15),
+        default=1,
+        help="rail of the first host that fails",
+    )
     q.add_argument("-v", "--verbose", action="store_true", help="show the daemons' logs")
 
     a = sub.add_parser("agent", help="per-host agent: watch ports, publish states, apply plans")
     _add_common(a)
-    a.add_argument("--host", help="host name (default: the system host name)")
+    a.add_argument("--host", type=_nonempty, help="host name (default: the system host name)")
     a.add_argument("--driver", choices=["sysfs", "netlink"], help="port driver (default sysfs)")
-    a.add_argument("--netns", help="network namespace of the netdevs and routes (labs)")
+    a.add_argument(
+        "--netns", type=_nonempty, help="network namespace of the netdevs and routes (labs)"
+    )
 
     t = sub.add_parser("topology", help="the topology service")
     tsub = t.add_subparsers(dest="topology_command", required=True, metavar="SUBCOMMAND")
     ts = tsub.add_parser("serve", help="hold the fabric, compute and publish plans")
     _add_common(ts)
-    ts.add_argument("--fabric", type=Path, help="fabric file (JSON/YAML); default: generated")
+    ts.add_argument(
+        "--fabric", type=Path, help="fabric file (JSON/YAML), e.g. from `linkguard fabric generate`"
+    )
 
     f = sub.add_parser("fabric", help="fabric files")
     fsub = f.add_subparsers(dest="fabric_command", required=True, metavar="SUBCOMMAND")
-    fg = fsub.add_parser("generate", help="print a rail-optimized fabric (DGX SuperPOD style)")
-    fg.add_argument("--hosts", type=int, default=32)
-    fg.add_argument("--rails", type=int, default=8)
-    fg.add_argument("--gpus-per-host", type=int, default=None, help="default: = rails")
-    fg.add_argument("--hosts-per-su", type=int, default=32)
-    fg.add_argument("--format", choices=["json", "yaml"], default="yaml")
+    fg = fsub.add_parser(
+        "generate", formatter_class=fmt, help="print a rail-optimized fabric (DGX SuperPOD style)"
+    )
+    fg.add_argument("--hosts", type=_positive(int, lo=1, hi=16384), default=32)
+    fg.add_argument("--rails", type=_positive(int, lo=1, hi=16), default=8)
+    fg.add_argument(
+        "--gpus-per-host", type=_positive(int, lo=1, hi=64), default=None, help="default: = rails"
+    )
+    fg.add_argument("--hosts-per-su", type=_positive(int, lo=1, hi=1024), default=32)
+    fg.add_argument(
+        "--format",
+        choices=["json", "yaml"],
+        default=None,
+        help="default: from the -o suffix (.json), else yaml",
+    )
     fg.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
 
-    b = sub.add_parser("broker", help="embedded MQTT broker (amqtt) for single-machine runs")
-    b.add_argument("--bind", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    b.add_argument("--port", type=int, default=1883)
+    b = sub.add_parser(
+        "broker", formatter_class=fmt, help="embedded MQTT broker (amqtt) for single-machine trials"
+    )
+    b.add_argument("--bind", default="127.0.0.1", help="address to listen on")
+    b.add_argument("--port", type=_positive(int, lo=1, hi=65535), default=1883)
     b.add_argument("--log-format", choices=["json", "console"], default="console")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "quickstart" and args.rail >= args.rails:
+        parser.error(
+            f"--rail {args.rail} is not one of the {args.rails} rails (0-{args.rails - 1})"
+        )
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
         return 130
 
 
+def _fail(msg: str, code: int) -> int:
+    print(f"linkguard: {msg}", file=sys.stderr)
+    return code
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from linkguard.agent.inventory import InventoryError
-    from linkguard.config import AgentSettings, ConfigError, ServiceSettings, load_settings
+    from linkguard.config import ConfigError
     from linkguard.drivers.netlink import NetnsNotFoundError
     from linkguard.logs import configure_logging
     from linkguard.topology.fabric import FabricError
@@ -121,75 +210,110 @@ def _dispatch(args: argparse.Namespace) -> int:
                     out=sys.stdout,
                 )
             )
-        except (TimeoutError, ValueError) as exc:
-            print(f"linkguard quickstart failed: {exc}", file=sys.stderr)
-            return 1
+        except TimeoutError as exc:
+            return _fail(f"quickstart failed: {exc}", 1)
         return 0
 
     if args.command == "fabric":
-        from linkguard.topology.fabric import dump_fabric, generate_rail_optimized
-
-        try:
-            fabric = generate_rail_optimized(
-                hosts=args.hosts,
-                rails=args.rails,
-                gpus_per_host=args.gpus_per_host,
-                hosts_per_su=args.hosts_per_su,
-            )
-        except ValueError as exc:
-            print(f"linkguard: {exc}", file=sys.stderr)
-            return 2
-        text = dump_fabric(fabric, args.format)
-        if args.output:
-            args.output.write_text(text)
-        else:
-            sys.stdout.write(text)
-        return 0
+        return _fabric_generate(args)
 
     if args.command == "broker":
-        from linkguard.broker import embedded_broker
+        return _broker(args)
 
-        configure_logging(args.log_format, "info")
+    from linkguard.presence import DuplicateInstanceError
 
-        async def serve() -> None:
-            import signal
+    user_errors = (ConfigError, FabricError, InventoryError, NetnsNotFoundError)
+    try:
+        return _daemon(args)
+    except Exception as exc:
+        # a daemon's task group wraps errors in an ExceptionGroup: unwrap the known ones
+        group = exc if isinstance(exc, BaseExceptionGroup) else BaseExceptionGroup("", [exc])
+        for kinds, code in ((user_errors, 2), (DuplicateInstanceError, 1)):
+            mine, rest = group.split(kinds)
+            if mine is not None and rest is None:
+                return _fail("; ".join(str(e) for e in _leaves(mine)), code)
+        raise
 
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            async with embedded_broker(host=args.bind, port=args.port) as port:
-                print(
-                    f"linkguard broker listening on {args.bind}:{port}", file=sys.stderr, flush=True
-                )
-                await stop.wait()
 
-        asyncio.run(serve())
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    """``agent`` and ``topology serve``: settings, logging, run until SIGTERM."""
+    from linkguard.config import AgentSettings, ServiceSettings, load_settings
+    from linkguard.logs import configure_logging
+
+    overrides = _overrides(args)
+    if args.command == "agent":
+        from linkguard.agent.daemon import run_agent
+
+        for name in ("host", "driver", "netns"):
+            if getattr(args, name):
+                overrides[name] = getattr(args, name)
+        settings = load_settings(AgentSettings, args.config, **overrides)
+        configure_logging(settings.log_format, settings.log_level)
+        asyncio.run(run_agent(settings))
         return 0
+    from linkguard.topology.service import run_service
+
+    if args.fabric:
+        overrides["fabric"] = args.fabric
+    service_settings = load_settings(ServiceSettings, args.config, **overrides)
+    configure_logging(service_settings.log_format, service_settings.log_level)
+    asyncio.run(run_service(service_settings))
+    return 0
+
+
+def _fabric_generate(args: argparse.Namespace) -> int:
+    from linkguard.topology.fabric import dump_fabric, generate_rail_optimized
+
+    fmt = args.format or ("json" if args.output and args.output.suffix == ".json" else "yaml")
+    try:
+        fabric = generate_rail_optimized(
+            hosts=args.hosts,
+            rails=args.rails,
+            gpus_per_host=args.gpus_per_host,
+            hosts_per_su=args.hosts_per_su,
+        )
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    text = dump_fabric(fabric, fmt)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.output.write_text(text)
+    except OSError as exc:
+        return _fail(f"cannot write {args.output}: {exc.strerror or exc}", 1)
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    import signal
+
+    from linkguard.broker import embedded_broker
+    from linkguard.logs import configure_logging
+
+    configure_logging(args.log_format, "info")
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with embedded_broker(host=args.bind, port=args.port) as port:
+            print(f"linkguard broker listening on {args.bind}:{port}", file=sys.stderr, flush=True)
+            await stop.wait()
 
     try:
-        overrides = _overrides(args)
-        if args.command == "agent":
-            from linkguard.agent.daemon import run_agent
-
-            for name in ("host", "driver", "netns"):
-                if getattr(args, name):
-                    overrides[name] = getattr(args, name)
-            settings = load_settings(AgentSettings, args.config, **overrides)
-            configure_logging(settings.log_format, settings.log_level)
-            asyncio.run(run_agent(settings))
-            return 0
-        from linkguard.topology.service import run_service
-
-        if args.fabric:
-            overrides["fabric"] = args.fabric
-        settings_s = load_settings(ServiceSettings, args.config, **overrides)
-        configure_logging(settings_s.log_format, settings_s.log_level)
-        asyncio.run(run_service(settings_s))
-        return 0
-    except (ConfigError, FabricError, InventoryError, NetnsNotFoundError) as exc:
-        print(f"linkguard: {exc}", file=sys.stderr)
-        return 2
+        asyncio.run(serve())
+    except OSError as exc:
+        return _fail(str(exc), 1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,11 +8,20 @@ A bad value raises :class:`ConfigError` naming the field and the source file.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -78,15 +87,15 @@ class PortConfig(_Section):
 class GeneratorSettings(_Section):
     """Rail-optimized fabric generator parameters (used when no fabric file is given)."""
 
-    hosts: int = Field(4, ge=1, le=16384)
-    rails: int = Field(4, ge=1, le=16)
+    hosts: int = Field(32, ge=1, le=16384)
+    rails: int = Field(8, ge=1, le=16)
     gpus_per_host: int | None = Field(None, ge=1, le=64)
     hosts_per_su: int = Field(32, ge=1, le=1024)
 
 
 class _Base(BaseSettings):
     log_format: Literal["json", "console"] = "json"
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     bus: BusSettings = BusSettings()
 
     @classmethod
@@ -129,6 +138,29 @@ class AgentSettings(_Base):
         default_factory=lambda: [ipaddress.IPv4Network("10.200.0.0/16")],
         description="plans may only route destinations inside these; one ip rule each",
     )
+
+    @field_validator("endpoint_prefixes")
+    @classmethod
+    def _narrow_prefixes(cls, v: list[ipaddress.IPv4Network]) -> list[ipaddress.IPv4Network]:
+        if not v:
+            raise ValueError("give at least one endpoint prefix (the GPU endpoints' range)")
+        for p in v:
+            if p.prefixlen < 8:
+                raise ValueError(
+                    f"{p} is too wide: linkguard routes only the GPU endpoint "
+                    "range, never a default or /0-/7 route"
+                )
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, v: str) -> str:
+        from linkguard.topics import valid_segment
+
+        if not valid_segment(v):
+            raise ValueError(f"host {v!r}: use letters, digits, '.', '_' or '-'")
+        return v
+
     route_table: int = Field(4242, ge=1, le=2**31 - 1, description="linkguard's own table")
     rule_priority: int = Field(1000, ge=1, le=32765)
     apply_routes: bool = True
@@ -166,20 +198,64 @@ class ServiceSettings(_Base):
         le=10_000,
         description="batch state changes this long before solving (Open/R batches over 10-250 ms)",
     )
+
+    @model_validator(mode="after")
+    def _one_fabric_source(self) -> ServiceSettings:
+        if self.fabric is not None and "generate" in self.model_fields_set:
+            raise ValueError("give either fabric (a file) or generate (parameters), not both")
+        return self
+
     startup_settle_s: float = Field(
         1.0, ge=0, le=600, description="collect retained states this long before the first plans"
     )
 
 
+#: Environment variables with the LINKGUARD_ prefix that are not settings (test switches).
+_NOT_SETTINGS = {"LINKGUARD_REQUIRE_REAL", "LINKGUARD_FIXTURES"}
+
+
+def _unknown_env(cls: type[BaseSettings]) -> list[str]:
+    """LINKGUARD_* variables that name no setting of the agent or the service (typos)."""
+    known = set(AgentSettings.model_fields) | set(ServiceSettings.model_fields)
+    bad = []
+    for name in os.environ:
+        if not name.startswith("LINKGUARD_") or name in _NOT_SETTINGS:
+            continue
+        field = name.removeprefix("LINKGUARD_").split("__", 1)[0].lower()
+        if field not in known:
+            bad.append(name)
+    return sorted(bad)
+
+
+def _load_yaml(path: Path) -> None:
+    """Refuse what YamlConfigSettingsSource would misreport: not a file, not a mapping."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a file")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(
+            f"config {path}: the top level must be a mapping of settings, "
+            f"not a {type(doc).__name__}"
+        )
+
+
 def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
     """Build settings from ``path`` (YAML), the environment and ``overrides``.
 
-    Raises :class:`ConfigError` for a missing/unreadable file, bad YAML or a bad value.
+    Raises :class:`ConfigError` for a missing/unreadable file, bad YAML, a bad value, or a
+    ``LINKGUARD_*`` environment variable that names no setting.
     """
+    unknown = _unknown_env(cls)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in the environment: {', '.join(unknown)}")
     target: type[S] = cls
     if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+        _load_yaml(path)
 
         class _FromFile(cls):  # type: ignore[valid-type,misc]
             model_config = SettingsConfigDict(**{**cls.model_config, "yaml_file": str(path)})
@@ -189,7 +265,11 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     try:
         return target(**overrides)
     except ValidationError as exc:
-        where = f" in {path}" if path else ""
+        where = (
+            f" (from {path}, LINKGUARD_* variables or options)"
+            if path
+            else (" (from LINKGUARD_* variables or options)")
+        )
         details = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
         )

@@ -37,6 +37,7 @@ __all__ = [
     "PortStatus",
     "RailAssignment",
     "RouteAssignment",
+    "ServiceStatus",
     "decode",
     "encode",
 ]
@@ -204,12 +205,28 @@ class PortEvent(_Model):
 
 
 class HostStatus(_Model):
-    """Retained on ``hosts/<host>/status``; the broker publishes ``online=False`` as last will."""
+    """Retained on ``hosts/<host>/status``; the broker publishes ``online=False`` as last will.
+
+    ``instance`` (random per process) and ``started_at`` tell two processes that claim the same
+    host apart (cloned machines with one host name): see :mod:`linkguard.presence`.
+    """
 
     host: HostName
     online: bool
     at: float | None = None
     version: str | None = Field(None, max_length=64)
+    instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
+    started_at: float | None = Field(None, ge=0)
+
+
+class ServiceStatus(_Model):
+    """Retained on ``service/status`` by the topology service (last will: ``online=False``)."""
+
+    online: bool
+    at: float | None = None
+    version: str | None = Field(None, max_length=64)
+    instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
+    started_at: float | None = Field(None, ge=0)
 
 
 class RailAssignment(_Model):

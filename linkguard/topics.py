@@ -7,6 +7,7 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/events                  PortEvent
   linkguard/v1/hosts/<host>/ack                  R  Ack
   linkguard/v1/plans/<host>                      R  Plan
+  linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
 """
 
 from __future__ import annotations
@@ -28,8 +29,15 @@ __all__ = [
     "parse",
     "plan",
     "port_state",
+    "service_status",
     "status",
+    "valid_segment",
 ]
+
+
+def valid_segment(value: str) -> bool:
+    """True when ``value`` can be one topic segment (a host or HCA name)."""
+    return bool(_SEGMENT.match(value))
 
 
 def _seg(value: str) -> str:
@@ -63,6 +71,10 @@ def plan(host: str) -> str:
     return f"{PREFIX}/plans/{_seg(host)}"
 
 
+def service_status() -> str:
+    return f"{PREFIX}/service/status"
+
+
 def all_host_topics() -> str:
     """Subscription filter for everything agents publish."""
     return f"{PREFIX}/hosts/#"
@@ -89,6 +101,8 @@ def parse(topic: str) -> ParsedTopic | None:
         return None
     if parts[2] == "plans" and len(parts) == 4:
         return ParsedTopic("plan", parts[3])
+    if parts[2:] == ["service", "status"]:
+        return ParsedTopic("service_status", "")
     if parts[2] != "hosts":
         return None
     host = parts[3]

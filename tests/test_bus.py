@@ -154,3 +154,34 @@ async def test_embedded_broker_binds_loopback_only() -> None:
             ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=False
         ).stdout
     assert out.split()[3] == f"127.0.0.1:{port}", out  # the local address column of ss
+
+
+async def test_embedded_broker_sends_retained_only_for_own_subscriptions() -> None:
+    """amqtt 0.12 alone would hand a new client the retained messages of every other client's
+    subscriptions (an agent would receive every host's plan)."""
+    got: list[BusMessage] = []
+
+    async def handler(msg: BusMessage) -> None:
+        got.append(msg)
+
+    async with (
+        embedded_broker(port=0) as port,
+        Bus(
+            host="127.0.0.1", port=port, client_id="service", subscriptions=["linkguard/v1/plans/+"]
+        ) as service,
+    ):
+        await service.wait_connected(10)
+        await service.publish("linkguard/v1/plans/a", b"plan-a", retain=True)
+        await service.publish("linkguard/v1/plans/b", b"plan-b", retain=True)
+        async with Bus(
+            host="127.0.0.1",
+            port=port,
+            client_id="agent-a",
+            subscriptions=["linkguard/v1/plans/a"],
+            handler=handler,
+        ) as agent:
+            await agent.wait_connected(10)
+            await until(lambda: got, "own plan")
+            await service.publish("linkguard/v1/plans/a", b"plan-a2")
+            await until(lambda: len(got) == 2, "live plan")
+    assert [m.payload for m in got] == [b"plan-a", b"plan-a2"]

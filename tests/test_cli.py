@@ -89,3 +89,78 @@ def test_bad_fabric_file_exits_2(tmp_path: Path) -> None:
     out = _cli("topology", "serve", "--fabric", str(fab), "--broker", "127.0.0.1:9")
     assert out.returncode == 2
     assert "fabric.yaml" in out.stderr
+
+
+def test_env_typo_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINKGUARD_POLL_INTERVALL_MS", "50")
+    with pytest.raises(ConfigError, match="LINKGUARD_POLL_INTERVALL_MS"):
+        load_settings(AgentSettings)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- host: a\n", "must be a mapping"),
+        ("endpoint_prefixes: [0.0.0.0/0]\n", "too wide"),
+        ("host: 'a b'\n", "letters, digits"),
+        ("log_level: loud\n", "log_level"),
+    ],
+)
+def test_agent_config_mistakes(tmp_path: Path, text: str, message: str) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(AgentSettings, cfg)
+
+
+def test_config_path_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_settings(AgentSettings, tmp_path)
+
+
+def test_service_needs_exactly_one_fabric_source(tmp_path: Path) -> None:
+    from linkguard.config import ServiceSettings
+    from linkguard.topology.service import fabric_from_settings
+
+    with pytest.raises(ConfigError, match="no fabric"):
+        fabric_from_settings(load_settings(ServiceSettings))
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text("fabric: f.yaml\ngenerate: {hosts: 2}\n")
+    with pytest.raises(ConfigError, match="not both"):
+        load_settings(ServiceSettings, cfg)
+    cfg.write_text("generate: {hosts: 3, rails: 2}\n")
+    fabric = fabric_from_settings(load_settings(ServiceSettings, cfg))
+    assert (len(fabric.hosts), fabric.rails) == (3, [0, 1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["quickstart", "--rails", "1"], "between 2 and 16"),
+        (["quickstart", "--rail", "7"], "--rail 7"),
+        (["quickstart", "--hosts", "500"], "between 2 and 64"),
+        (["agent", "--broker", "localhost"], "HOST:PORT"),
+        (["agent", "--broker", "mqtt://10.0.0.1:1883"], "HOST:PORT"),
+        (["agent", "--broker", "127.0.0.1:70000"], "1-65535"),
+        (["agent", "--host", ""], "must not be empty"),
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_broker_option_accepts_ipv6() -> None:
+    from linkguard.cli import broker_address
+
+    assert broker_address("[::1]:1884") == ("::1", 1884)
+    assert broker_address("mqtt-0.fabric:1883") == ("mqtt-0.fabric", 1883)
+
+
+def test_fabric_generate_format_follows_suffix(tmp_path: Path) -> None:
+    out = tmp_path / "f.json"
+    assert main(["fabric", "generate", "--hosts", "2", "--rails", "2", "-o", str(out)]) == 0
+    assert out.read_text().lstrip().startswith("{")
+    assert main(["fabric", "generate", "-o", str(tmp_path / "no" / "dir.yaml")]) == 1

@@ -80,7 +80,7 @@ class Fabric(_Model):
     """
 
     name: str = Field(min_length=1, max_length=128)
-    hosts: list[HostInventory]
+    hosts: list[HostInventory] = Field(min_length=1)
     switches: list[Switch] = Field(default_factory=list)
     links: list[Link] = Field(default_factory=list)
 

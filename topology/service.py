@@ -16,10 +16,22 @@ from collections import Counter
 
 import structlog
 
-from linkguard import topics
-from linkguard.bus import Bus, BusMessage
-from linkguard.config import ServiceSettings
-from linkguard.models import Ack, BadMessage, HostStatus, Plan, PortState, decode, encode
+from linkguard import __version__, topics
+from linkguard.bus import Bus, BusMessage, Will
+from linkguard.config import ConfigError, ServiceSettings
+from linkguard.models import (
+    Ack,
+    AckResult,
+    BadMessage,
+    HostInventory,
+    HostStatus,
+    Plan,
+    PortState,
+    ServiceStatus,
+    decode,
+    encode,
+)
+from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
 from linkguard.topology.solver import solve
 from linkguard.topology.state import FabricState
@@ -28,12 +40,28 @@ __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 
 log = structlog.get_logger(__name__)
 
-_DECODERS = {"port": PortState, "status": HostStatus, "ack": Ack, "plan": Plan}
+_DECODERS = {
+    "port": PortState,
+    "status": HostStatus,
+    "ack": Ack,
+    "plan": Plan,
+    "inventory": HostInventory,
+    "service_status": ServiceStatus,
+}
 
 
 def fabric_from_settings(settings: ServiceSettings) -> Fabric:
+    """The fabric file, or the generator's fabric when ``generate`` is configured explicitly.
+
+    Raises :class:`ConfigError` when neither is given (a service must never publish plans for
+    a fabric nobody described) and :class:`FabricError` for a bad file."""
     if settings.fabric is not None:
         return load_fabric(settings.fabric)
+    if "generate" not in settings.model_fields_set:
+        raise ConfigError(
+            "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
+            "section in the config"
+        )
     g = settings.generate
     return generate_rail_optimized(
         hosts=g.hosts, rails=g.rails, gpus_per_host=g.gpus_per_host, hosts_per_su=g.hosts_per_su
@@ -53,13 +81,31 @@ class TopologyService:
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
+        self.me = Me()
+        self.duplicate: ServiceStatus | None = None
+        self._warned: set[tuple[str, ...]] = set()
         self.bus = Bus(
             **settings.bus.connection(),
-            client_id="linkguard-topology",
-            subscriptions=[topics.all_host_topics(), topics.all_plans()],
+            client_id=f"linkguard-topology-{self.me.instance}",
+            subscriptions=[topics.all_host_topics(), topics.all_plans(), topics.service_status()],
             handler=self._on_message,
             on_connect=self._on_connect,
+            will=Will(topics.service_status(), encode(self._status(online=False))),
         )
+
+    def _status(self, *, online: bool) -> ServiceStatus:
+        return ServiceStatus(
+            online=online,
+            at=time.time(),
+            version=__version__,
+            instance=self.me.instance,
+            started_at=self.me.started_at,
+        )
+
+    def _warn_once(self, event: str, *key: str, **kw: object) -> None:
+        if (event, *key) not in self._warned:
+            self._warned.add((event, *key))
+            log.warning(event, **kw)
 
     def stop(self) -> None:
         self._stop.set()
@@ -81,13 +127,30 @@ class TopologyService:
             for t in done:
                 if t is not stop and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
+            if self.duplicate is None:  # never mark the other instance offline
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self.bus.publish(
+                            topics.service_status(), encode(self._status(online=False)), retain=True
+                        ),
+                        2,
+                    )
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
+        if self.duplicate is not None:
+            raise DuplicateInstanceError(
+                f"another topology service is connected to this broker (instance "
+                f"{self.duplicate.instance}, started {time.ctime(self.duplicate.started_at or 0)})"
+                "; run one service per fabric"
+            )
 
     async def _on_connect(self) -> None:
+        await self.bus.publish(
+            topics.service_status(), encode(self._status(online=True)), retain=True
+        )
         # After a broker restart without persistence the retained plans are gone: put them back
         # (same epochs, so agents that applied them ignore them).
         for plan in list(self.state.plans.values()):
@@ -96,7 +159,19 @@ class TopologyService:
     async def _on_message(self, msg: BusMessage) -> None:
         parsed = topics.parse(msg.topic)
         if parsed is None or parsed.kind not in _DECODERS:
-            return  # inventory and events are for the ledger and audit (later issues)
+            return  # events are for the ledger (a later issue)
+        if parsed.kind == "service_status":
+            await self._on_service_status(msg)
+            return
+        if parsed.kind not in ("plan", "ack") and parsed.host not in self.state.host_names:
+            self._warn_once(
+                "host_not_in_fabric",
+                parsed.host,
+                host=parsed.host,
+                fabric=self.fabric.name,
+                hint="agent host name missing from the fabric file: no plans for it",
+            )
+            return
         try:
             obj = decode(
                 _DECODERS[parsed.kind],
@@ -115,7 +190,9 @@ class TopologyService:
                 bytes=len(msg.payload),
             )
             return
-        if isinstance(obj, PortState):
+        if isinstance(obj, HostInventory):
+            self._check_inventory(obj)
+        elif isinstance(obj, PortState):
             if parsed.hca != obj.hca or parsed.port != obj.port:
                 self.dropped["wrong_port"] += 1
                 log.warning("message_dropped", topic=msg.topic, reason="wrong_port")
@@ -135,7 +212,7 @@ class TopologyService:
             log.info("host_status", host=obj.host, online=obj.online)
         elif isinstance(obj, Ack):
             self.state.on_ack(obj)
-            log.info(
+            (log.info if obj.result == AckResult.APPLIED else log.warning)(
                 "ack",
                 host=obj.host,
                 epoch=obj.epoch,
@@ -146,6 +223,54 @@ class TopologyService:
             )
         elif isinstance(obj, Plan) and msg.retain:
             self.state.on_retained_plan(obj)
+
+    async def _on_service_status(self, msg: BusMessage) -> None:
+        try:
+            seen = decode(ServiceStatus, msg.payload, topic=msg.topic)
+        except BadMessage as exc:
+            self.dropped[exc.reason] += 1
+            log.warning("message_dropped", topic=msg.topic, reason=exc.reason)
+            return
+        verdict = judge(self.me, seen, retained=msg.retain)
+        if verdict == Verdict.YIELD:
+            log.error(
+                "duplicate_service",
+                other_instance=seen.instance,
+                action="stopping: the other service started first",
+            )
+            self.duplicate = seen
+            self.stop()
+        elif verdict != Verdict.IGNORE:
+            if verdict == Verdict.HOLD:
+                log.error(
+                    "duplicate_service",
+                    other_instance=seen.instance,
+                    action="keeping: started first; the other must stop",
+                )
+            await self.bus.publish(
+                topics.service_status(), encode(self._status(online=True)), retain=True
+            )
+
+    def _check_inventory(self, inv: HostInventory) -> None:
+        """Warn when what an agent has differs from what the fabric says it has."""
+        want = {h.key: h for h in self.fabric.host(inv.host).hcas}
+        have = {h.key: h for h in inv.hcas}
+        problems = [
+            f"{k}: in the fabric, not on the host" for k in sorted(want.keys() - have.keys())
+        ]
+        problems += [
+            f"{k}: on the host, not in the fabric" for k in sorted(have.keys() - want.keys())
+        ]
+        for k in sorted(want.keys() & have.keys()):
+            w, h = want[k], have[k]
+            if w.rail != h.rail:
+                problems.append(f"{k}: rail {h.rail} on the host, {w.rail} in the fabric")
+            if h.netdev and w.netdev and h.netdev != w.netdev:
+                problems.append(f"{k}: netdev {h.netdev} on the host, {w.netdev} in the fabric")
+        if problems:
+            self._warn_once(
+                "inventory_mismatch", inv.host, *problems, host=inv.host, problems=problems
+            )
 
     async def _solver(self) -> None:
         await self.bus.connected.wait()

@@ -52,6 +52,10 @@ class FabricState:
         self._rail_of = {(h.host, hca.key): hca.rail for h in self.fabric.hosts for hca in h.hcas}
 
     @property
+    def host_names(self) -> frozenset[str]:
+        return frozenset(self._hosts)
+
+    @property
     def epoch(self) -> int:
         return self._epoch
 

@@ -90,6 +90,23 @@ class Applier:
         except (OSError, BadMessage) as exc:
             log.warning("last_plan_unreadable", path=str(self.plan_path), error=str(exc))
             return
+        try:  # the config may have changed since (prefixes, netdevs): re-check its scope
+            check_plan(
+                plan,
+                host=self.host,
+                applied_epoch=None,
+                netdevs=self.netdevs,
+                prefixes=self.prefixes,
+            )
+        except PlanRefused as exc:
+            log.warning(
+                "last_plan_discarded",
+                path=str(self.plan_path),
+                reason=exc.reason,
+                detail=exc.detail,
+                hint="waiting for a new plan from the service",
+            )
+            return
         self.plan = plan
         await self._put_in_place()
         log.info("reconciled_with_last_plan", epoch=plan.epoch, result=self._summary())
@@ -134,8 +151,10 @@ class Applier:
         self.locally_down.discard(key)
 
     async def withdraw(self) -> None:
-        """Remove linkguard's table and rules (the SIGTERM 'withdraw' policy)."""
+        """Remove linkguard's table and rules and the rail map (the SIGTERM 'withdraw'
+        policy); the last plan stays in the state dir for the next start."""
         await self.table.flush()
+        self.rail_map_path.unlink(missing_ok=True)
 
     async def _ack(self, plan: Plan, t0: float, *, fast_path: bool) -> Ack:
         try:

@@ -24,7 +24,7 @@ from linkguard.agent.applier import Applier, RouteTableLike
 from linkguard.agent.inventory import DiscoveredPort, build_inventory
 from linkguard.agent.monitor import MonitorOutput, PortMonitor
 from linkguard.bus import Bus, BusMessage, Will
-from linkguard.config import AgentSettings
+from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
 from linkguard.models import (
     Ack,
@@ -38,8 +38,9 @@ from linkguard.models import (
     decode,
     encode,
 )
+from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 
-__all__ = ["Agent", "AgentStats", "run_agent"]
+__all__ = ["Agent", "AgentStats", "DuplicateHostError", "run_agent"]
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +107,9 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
             ports=[NetlinkPort(h.hca, h.port, h.netdev, h.link_layer) for h in inventory.hcas],
             netns=settings.netns,
         )
-    raise ValueError("the simulated driver is driven in-process: pass source=")
+    raise ConfigError(
+        "driver 'simulated' exists for quickstart and tests only; use sysfs or netlink"
+    )
 
 
 class Agent:
@@ -122,12 +125,24 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.host = settings.host
+        self.me = Me()
+        found = discover(settings) if discovered is None else discovered
         self.inventory = build_inventory(
             settings.host,
             configured=settings.ports,
-            discovered=discover(settings) if discovered is None else discovered,
+            discovered=found,
             endpoints=settings.endpoints,
         )
+        if found and settings.ports:
+            seen = {(d.hca, d.port) for d in found}
+            missing = [f"{p.hca}/{p.port}" for p in settings.ports if (p.hca, p.port) not in seen]
+            if missing:
+                log.warning(
+                    "configured_ports_not_found",
+                    ports=missing,
+                    sysfs_root=str(settings.sysfs_root),
+                    hint="check ports[].hca; these are reported absent (down)",
+                )
         if not self.inventory.hcas:
             log.warning(
                 "no_ports",
@@ -166,16 +181,24 @@ class Agent:
         self._wake = asyncio.Event()
         self._deadline: float | None = None
         self._stop = asyncio.Event()
+        self.duplicate: HostStatus | None = None
         self.bus = Bus(
             **settings.bus.connection(),
-            client_id=f"linkguard-agent-{self.host}",
-            subscriptions=[topics.plan(self.host)],
+            client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
+            subscriptions=[topics.plan(self.host), topics.status(self.host)],
             handler=self._on_message,
             on_connect=self._on_connect,
-            will=Will(
-                topics.status(self.host),
-                encode(HostStatus(host=self.host, online=False, version=__version__)),
-            ),
+            will=Will(topics.status(self.host), encode(self._status(online=False))),
+        )
+
+    def _status(self, *, online: bool) -> HostStatus:
+        return HostStatus(
+            host=self.host,
+            online=online,
+            at=time.time(),
+            version=__version__,
+            instance=self.me.instance,
+            started_at=self.me.started_at,
         )
 
     def stop(self) -> None:
@@ -193,6 +216,12 @@ class Agent:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.table)  # opens the netlink socket
             await self._run()
+        if self.duplicate is not None:
+            raise DuplicateHostError(
+                f"another agent is running as host {self.host!r} (instance "
+                f"{self.duplicate.instance}, started {time.ctime(self.duplicate.started_at or 0)})"
+                "; host names must be unique (cloned machine?). Set `host:` in the config."
+            )
 
     async def _run(self) -> None:
         async with self._lock:
@@ -203,7 +232,18 @@ class Agent:
                 tg.create_task(self._watch(), name="watch")
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
+                tg.create_task(self._expect_plan(), name="expect-plan")
                 await self._stop.wait()
+                if self.duplicate is None:  # never mark the other instance offline
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self.bus.publish(
+                                topics.status(self.host),
+                                encode(self._status(online=False)),
+                                retain=True,
+                            ),
+                            2,
+                        )
                 raise _Stopped
         except* _Stopped:
             pass
@@ -211,44 +251,74 @@ class Agent:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.bus_publish(
-                    topics.status(self.host),
-                    encode(
-                        HostStatus(
-                            host=self.host, online=False, at=time.time(), version=__version__
-                        )
-                    ),
-                    retain=True,
-                ),
-                2,
-            )
         if self.settings.shutdown_policy == "withdraw":
             async with self._lock:
                 await self.applier.withdraw()
             log.info("agent_withdrew_routes", table=self.settings.route_table)
         log.info("agent_stopped", host=self.host)
 
-    async def bus_publish(self, topic: str, payload: bytes, *, retain: bool) -> bool:
-        return await self.bus.publish(topic, payload, retain=retain)
+    async def _expect_plan(self, after_s: float = 30.0) -> None:
+        """Warn (once) when no plan arrived: the host is unprotected until one does."""
+        await self.bus.connected.wait()
+        await asyncio.sleep(after_s)
+        if self.applier.plan is None:
+            log.warning(
+                "no_plan_yet",
+                host=self.host,
+                waited_s=after_s,
+                hint="is this host name in the service's fabric? is the service up?",
+            )
 
     # -- bus side -------------------------------------------------------------------------
     async def _on_connect(self) -> None:
         now_wall = time.time()
         await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
         await self.bus.publish(
-            topics.status(self.host),
-            encode(HostStatus(host=self.host, online=True, at=now_wall, version=__version__)),
-            retain=True,
+            topics.status(self.host), encode(self._status(online=True)), retain=True
         )
         for st in self.monitor.snapshot(wall=now_wall):
             await self._publish_state(st)
         if self.last_ack is not None:
             await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
 
+    async def _on_status(self, msg: BusMessage) -> None:
+        try:
+            seen = decode(HostStatus, msg.payload, topic=msg.topic, expect_host=self.host)
+        except BadMessage as exc:
+            self.stats.messages_dropped[exc.reason] += 1
+            log.warning(
+                "message_dropped", topic=msg.topic, reason=exc.reason, detail=exc.detail[:300]
+            )
+            return
+        verdict = judge(self.me, seen, retained=msg.retain)
+        if verdict == Verdict.IGNORE:
+            return
+        if verdict == Verdict.YIELD:
+            log.error(
+                "duplicate_host",
+                host=self.host,
+                other_instance=seen.instance,
+                action="stopping: the other agent started first",
+            )
+            self.duplicate = seen
+            self.stop()
+            return
+        if verdict == Verdict.HOLD:
+            log.error(
+                "duplicate_host",
+                host=self.host,
+                other_instance=seen.instance,
+                action="keeping this host: started first; the other must stop",
+            )
+        await self.bus.publish(
+            topics.status(self.host), encode(self._status(online=True)), retain=True
+        )
+
     async def _on_message(self, msg: BusMessage) -> None:
         parsed = topics.parse(msg.topic)
+        if parsed is not None and parsed.kind == "status" and parsed.host == self.host:
+            await self._on_status(msg)
+            return
         if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
             self.stats.messages_dropped["unexpected_topic"] += 1
             log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
@@ -354,6 +424,10 @@ class Agent:
 
 class _Stopped(Exception):
     pass
+
+
+class DuplicateHostError(DuplicateInstanceError):
+    """Another agent with this host name was already running; this one stopped."""
 
 
 async def run_agent(settings: AgentSettings) -> None:

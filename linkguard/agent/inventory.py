@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from linkguard.config import PortConfig
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 
-__all__ = ["DiscoveredPort", "InventoryError", "build_inventory"]
+__all__ = ["DiscoveredPort", "InventoryError", "build_inventory", "compute_ports"]
 
 
 class InventoryError(ValueError):
@@ -43,6 +43,14 @@ def _pci_key(p: DiscoveredPort) -> tuple[int, tuple[int, ...], str, int]:
         return (1, (), p.hca, p.port)
 
 
+def compute_ports(discovered: Sequence[DiscoveredPort]) -> list[DiscoveredPort]:
+    """The ports that are rails when the config names none: the InfiniBand ports when there
+    are any (an H100 node's Ethernet bond is its storage/in-band NIC, not a rail), else all
+    (a RoCE fabric)."""
+    ib = [d for d in discovered if d.link_layer == LinkLayer.INFINIBAND]
+    return ib or list(discovered)
+
+
 def build_inventory(
     host: str,
     *,
@@ -54,8 +62,9 @@ def build_inventory(
 
     With ``configured`` ports, exactly those are used (discovery only fills PCI address, NUMA
     node, link layer and netdev they leave open); ports without a rail get the next free rails
-    in PCI order. Without config, every discovered port is a rail, in PCI address order.
-    Raises :class:`InventoryError` on duplicate rails/ports.
+    in PCI order. Without config, the :func:`compute_ports` are the rails, in PCI address order.
+    Raises :class:`InventoryError` on duplicate rails/ports, or when rails must be ordered by
+    PCI address and a port has none.
     """
     found = {(d.hca, d.port): d for d in discovered}
     if configured:
@@ -64,10 +73,16 @@ def build_inventory(
             d = found.get((c.hca, c.port), DiscoveredPort(c.hca, c.port))
             entries.append((c, d))
     else:
-        entries = [(None, d) for d in discovered]
+        entries = [(None, d) for d in compute_ports(discovered)]
     taken = {c.rail for c, _ in entries if c is not None and c.rail is not None}
     free = (r for r in range(64) if r not in taken)
     unranked = sorted((d for c, d in entries if c is None or c.rail is None), key=_pci_key)
+    no_pci = [f"{d.hca}/{d.port}" for d in unranked if _pci_key(d)[0] == 1]
+    if no_pci:
+        raise InventoryError(
+            f"cannot order rails by PCI address: no PCI address for {', '.join(no_pci)} (no "
+            "`device` link in sysfs); give ports: with hca and rail in the config"
+        )
     auto = {(d.hca, d.port): next(free) for d in unranked}
     hcas: list[HCAInfo] = []
     for c, d in entries:

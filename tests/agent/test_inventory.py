@@ -6,6 +6,7 @@ import pytest
 
 from linkguard.agent.inventory import DiscoveredPort, InventoryError, build_inventory
 from linkguard.config import PortConfig
+from linkguard.models import LinkLayer
 
 
 def test_rails_follow_pci_order_not_names() -> None:
@@ -41,3 +42,33 @@ def test_duplicate_configured_rail_is_a_clear_error() -> None:
         build_inventory(
             "h", configured=[PortConfig(hca="mlx5_0", rail=1), PortConfig(hca="mlx5_1", rail=1)]
         )
+
+
+def test_without_config_only_infiniband_ports_are_rails() -> None:
+    found = [
+        DiscoveredPort("mlx5_0", 1, LinkLayer.INFINIBAND, pci_address="0000:18:00.0"),
+        DiscoveredPort("mlx5_bond_0", 1, LinkLayer.ETHERNET, pci_address="0000:0c:00.0"),
+        DiscoveredPort("mlx5_1", 1, LinkLayer.INFINIBAND, pci_address="0000:2a:00.0"),
+    ]
+    inv = build_inventory("h", discovered=found)
+    assert [(h.hca, h.rail) for h in inv.hcas] == [("mlx5_0", 0), ("mlx5_1", 1)]
+
+
+def test_roce_only_host_uses_its_ethernet_ports() -> None:
+    found = [
+        DiscoveredPort("mlx5_1", 1, LinkLayer.ETHERNET, pci_address="0000:2a:00.0"),
+        DiscoveredPort("mlx5_0", 1, LinkLayer.ETHERNET, pci_address="0000:18:00.0"),
+    ]
+    assert [h.hca for h in build_inventory("h", discovered=found).hcas] == ["mlx5_0", "mlx5_1"]
+
+
+def test_no_pci_address_refuses_to_guess_from_names(fixtures_real) -> None:
+    """The gpud H100 tree has no `device` links: rails cannot be ordered without config."""
+    from linkguard.agent.daemon import discover
+    from linkguard.config import AgentSettings
+
+    root = fixtures_real / "leptonai-gpud/tree/sys-class-infiniband-h100.0"
+    found = discover(AgentSettings(host="h", sysfs_root=root))
+    assert len(found) == 9
+    with pytest.raises(InventoryError, match=r"no PCI address for mlx5_0/1, mlx5_1/1"):
+        build_inventory("h", discovered=found)
