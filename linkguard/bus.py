@@ -64,6 +64,7 @@ class Bus:
         keepalive_s: int = 15,
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
+        timeout_s: float = 10.0,
     ) -> None:
         self._host = host
         self._port = port
@@ -76,6 +77,7 @@ class Bus:
         self._password = password
         self._keepalive = keepalive_s
         self._backoff = (reconnect_min_s, reconnect_max_s)
+        self._timeout = timeout_s
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
@@ -97,14 +99,16 @@ class Bus:
     async def wait_connected(self, timeout: float) -> None:
         await asyncio.wait_for(self.connected.wait(), timeout)
 
-    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> bool:
-        """QoS 1 publish. False when not connected or the publish failed (logged)."""
+    async def publish(
+        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+    ) -> bool:
+        """Publish (QoS 1 unless told). False when not connected or the publish failed."""
         client = self._client
         if client is None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)
             return False
         try:
-            await client.publish(topic, payload, qos=1, retain=retain)
+            await client.publish(topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError as exc:
             log.warning("bus_publish_failed", topic=topic, error=str(exc))
             return False
@@ -130,7 +134,7 @@ class Bus:
                     clean_session=True,
                     keepalive=self._keepalive,
                     will=will,
-                    timeout=10,
+                    timeout=self._timeout,
                 ) as client:
                     self._client = client
                     for sub in self._subscriptions:
@@ -158,6 +162,11 @@ class Bus:
                             BusMessage(str(message.topic), bytes(payload), bool(message.retain))
                         )
             except aiomqtt.MqttError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # aiomqtt's __aexit__ can turn our cancellation into an MqttError (its
+                    # disconnect timed out): we are stopping, not reconnecting.
+                    raise asyncio.CancelledError from exc
                 attempt += 1
                 lo, hi = self._backoff
                 delay = random.uniform(lo, min(hi, lo * 2**attempt))

@@ -4,6 +4,8 @@ broker speaking the same MQTT 3.1.1."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +187,30 @@ async def test_embedded_broker_sends_retained_only_for_own_subscriptions() -> No
             await service.publish("linkguard/v1/plans/a", b"plan-a2")
             await until(lambda: len(got) == 2, "live plan")
     assert [m.payload for m in got] == [b"plan-a", b"plan-a2"]
+
+
+@pytest.mark.real
+async def test_close_finishes_while_the_broker_is_frozen(mosquitto) -> None:
+    """Stopping the bus while the broker is frozen (SIGSTOP) with our socket's send buffer full:
+    aiomqtt's disconnect cannot complete and times out with an MqttError, which must end the
+    task, not turn the cancellation into a reconnect loop that never stops."""
+    bus = Bus(
+        host="127.0.0.1",
+        port=mosquitto.port,
+        client_id="frozen",
+        subscriptions=["t/#"],
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.1,
+        timeout_s=1.0,
+    )
+    await bus.__aenter__()
+    await bus.wait_connected(10)
+    mosquitto.process.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(64):  # QoS 0 MiBs until the socket buffers are full (a few MiB)
+            if not await bus.publish("t/fill", b"x" * (1 << 20), qos=0):
+                break
+        await asyncio.wait_for(bus.close(), 20)
+    finally:
+        mosquitto.process.send_signal(signal.SIGCONT)
+    assert not bus.connected.is_set()
