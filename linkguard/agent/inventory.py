@@ -11,6 +11,8 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from linkguard.config import PortConfig
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 
@@ -102,9 +104,20 @@ def build_inventory(
                 )
             )
         except ValueError as exc:
-            raise InventoryError(f"port {d.hca}/{d.port}: {exc}") from None
+            raise InventoryError(f"port {d.hca}/{d.port}: {_brief(exc)}") from None
     hcas.sort(key=lambda h: h.rail)
     try:
         return HostInventory(host=host, hcas=hcas, endpoints=list(endpoints))
     except ValueError as exc:
-        raise InventoryError(str(exc)) from None
+        raise InventoryError(f"inventory of {host!r}: {_brief(exc)}") from None
+
+
+def _brief(exc: ValueError) -> str:
+    """One line per problem, without pydantic's banner and documentation links."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            (f"{'.'.join(str(p) for p in e['loc'])}: " if e["loc"] else "")
+            + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()[:5]
+        )
+    return str(exc)
