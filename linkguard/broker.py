@@ -6,6 +6,7 @@ Mosquitto (see deploy/ and the README).
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,10 @@ async def embedded_broker(*, host: str = "127.0.0.1", port: int = 1883) -> Async
     """Run an amqtt broker for the lifetime of the context; yields the port it listens on
     (``port=0`` picks a free one)."""
     from amqtt.errors import BrokerError
+
+    # amqtt logs every connection at INFO and queued messages at shutdown at WARNING: neither
+    # is news to the operator of a single-machine trial.
+    logging.getLogger("amqtt").setLevel(logging.ERROR)
 
     if port == 0:
         port = free_port(host)

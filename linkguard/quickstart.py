@@ -8,66 +8,25 @@ drivers are simulated, route tables are in memory.
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import embedded_broker
-from linkguard.config import AgentSettings, BusSettings, PortConfig, ServiceSettings
-from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
-from linkguard.models import AckResult, PortStatus
+from linkguard.config import BusSettings
+from linkguard.drivers.simulated import MemoryRouteTable
+from linkguard.models import PortStatus
+from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.topology.fabric import Fabric, generate_rail_optimized
-from linkguard.topology.service import TopologyService
 
 __all__ = ["QuickstartResult", "run_quickstart"]
 
 
 class QuickstartResult(dict):
     """Measured figures (ms unless named otherwise)."""
-
-
-async def _until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.002)
-    return time.monotonic()
-
-
-def agent_settings_for(
-    fabric: Fabric, host: str, *, bus: BusSettings, workdir: Path, damping: DampingPolicy
-) -> AgentSettings:
-    inv = fabric.host(host)
-    return AgentSettings(
-        host=host,
-        driver="simulated",
-        bus=bus,
-        apply_routes=False,
-        damping=damping,
-        ports=[
-            PortConfig(
-                hca=h.hca,
-                port=h.port,
-                rail=h.rail,
-                netdev=h.netdev,
-                address=h.address,
-                link_layer=h.link_layer,
-                numa_node=h.numa_node,
-            )
-            for h in inv.hcas
-        ],
-        endpoints=list(inv.endpoints),
-        state_dir=workdir / host,
-        rail_map_path=workdir / host / "rail-map.json",
-        log_format="console",
-    )
 
 
 async def run_quickstart(
@@ -100,39 +59,16 @@ async def run_quickstart(
                 f"linkguard quickstart: embedded broker on 127.0.0.1:{port}, fabric "
                 f"{len(fabric.hosts)} hosts x {len(fabric.rails)} rails, hold-down {hold_down_s} s"
             )
-            service = TopologyService(
-                ServiceSettings(bus=bus, debounce_ms=20, startup_settle_s=0.2), fabric=fabric
+            fleet = SimulatedFleet(fabric, bus=bus, workdir=workdir, damping=damping)
+            service, sources, tables, agents = (
+                fleet.service,
+                fleet.sources,
+                fleet.tables,
+                (fleet.agents),
             )
-            sources: dict[str, SimulatedPortSource] = {}
-            tables: dict[str, MemoryRouteTable] = {}
-            agents: dict[str, Agent] = {}
-            for inv in fabric.hosts:
-                sources[inv.host] = SimulatedPortSource(
-                    [active_port(h.hca, h.port, link_layer=h.link_layer) for h in inv.hcas]
-                )
-                tables[inv.host] = MemoryRouteTable()
-                agents[inv.host] = Agent(
-                    agent_settings_for(fabric, inv.host, bus=bus, workdir=workdir, damping=damping),
-                    source=sources[inv.host],
-                    table=tables[inv.host],
-                    discovered=[],
-                )
-            tasks = [asyncio.create_task(service.run(), name="service")]
-            tasks += [asyncio.create_task(a.run(), name=f"agent:{h}") for h, a in agents.items()]
-            try:
+            async with fleet:
                 t0 = time.monotonic()
-
-                def all_acked(epoch_floor: int = 0) -> bool:
-                    acks = service.state.acks
-                    return all(
-                        h in acks
-                        and acks[h].result == AckResult.APPLIED
-                        and acks[h].epoch == service.state.plans[h].epoch
-                        and acks[h].epoch >= epoch_floor
-                        for h in agents
-                    ) and len(service.state.plans) == len(agents)
-
-                t = await _until(all_acked, 20, "initial plans acked")
+                t = await fleet.wait_all_acked(timeout=20)
                 res["startup_ms"] = (t - t0) * 1000
                 say(
                     f"[{res['startup_ms']:7.1f} ms] every host applied its first plan "
@@ -151,14 +87,14 @@ async def run_quickstart(
                 t_down = time.monotonic()
                 sources[victim].link_down(vhca.hca, vhca.port)
                 va = agents[victim]
-                await _until(lambda: va.stats.fast_paths >= 1, 10, "local fast path")
+                await wait_until(lambda: va.stats.fast_paths >= 1, 10, "local fast path")
                 res["fast_path_ms"] = (time.monotonic() - t_down) * 1000
                 say(
                     f"[{res['fast_path_ms']:7.1f} ms] {victim}: local fast path moved its "
                     f"rail-{victim_rail} routes to the precomputed backups"
                 )
-                t = await _until(
-                    lambda: service.state.epoch > epoch0 and all_acked(epoch0 + 1),
+                t = await wait_until(
+                    lambda: service.state.epoch > epoch0 and fleet.all_acked(epoch0 + 1),
                     10,
                     "every host to ack the reroute plan",
                 )
@@ -197,7 +133,7 @@ async def run_quickstart(
                 t_up = time.monotonic()
                 sources[victim].link_up(vhca.hca, vhca.port)
                 key = f"{vhca.hca}/{vhca.port}"
-                await _until(
+                await wait_until(
                     lambda: (
                         (st := va.monitor.state(key)) is not None
                         and st.status == PortStatus.HELD_DOWN
@@ -209,8 +145,8 @@ async def run_quickstart(
                     f"[{(time.monotonic() - t_up) * 1000:7.1f} ms] {victim} {key} is back but "
                     f"HELD DOWN for {hold_down_s} s before reuse"
                 )
-                t = await _until(
-                    lambda: service.state.epoch > epoch1 and all_acked(epoch1 + 1),
+                t = await wait_until(
+                    lambda: service.state.epoch > epoch1 and fleet.all_acked(epoch1 + 1),
                     hold_down_s + 10,
                     "re-admission plan acked",
                 )
@@ -221,11 +157,6 @@ async def run_quickstart(
                     f"acked epoch {service.state.epoch}; routes back as before: {back}"
                 )
                 res["routes_restored"] = back
-            finally:
-                for a in agents.values():
-                    a.stop()
-                service.stop()
-                await asyncio.gather(*tasks, return_exceptions=True)
     say()
     say(
         "summary: "

@@ -18,7 +18,7 @@ from linkguard.bus import Bus
 from linkguard.config import BusSettings, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import Ack, PortState, PortStatus, decode, encode
-from linkguard.quickstart import agent_settings_for
+from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from linkguard.topology.solver import solve

@@ -18,7 +18,7 @@ from linkguard.config import BusSettings, PortConfig, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import HostStatus, ServiceStatus, decode
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
-from linkguard.quickstart import agent_settings_for
+from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from tests.support import until

@@ -78,6 +78,7 @@ class TopologyService:
         self.dropped: Counter[str] = Counter()
         self.solves = 0
         self.plans_published = 0
+        self.plans_per_host: Counter[str] = Counter()
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
@@ -300,6 +301,7 @@ class TopologyService:
         for plan in solved.plans:
             await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
             self.plans_published += 1
+            self.plans_per_host[plan.host] += 1
         log.info(
             "plans_published",
             epoch=solved.epoch,

@@ -18,7 +18,7 @@ from linkguard.broker import free_port
 from linkguard.config import BusSettings
 from linkguard.drivers.simulated import SimulatedPortSource, active_port
 from linkguard.models import LinkLayer
-from linkguard.quickstart import agent_settings_for
+from linkguard.simulations.fleet import agent_settings_for
 from linkguard.simulations.lab import Lab
 from linkguard.topology.solver import solve
 from tests.e2e.harness import TABLE, kernel_routes, lab_fabric

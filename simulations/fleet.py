@@ -1,0 +1,143 @@
+"""An in-process fleet: the real topology service and one real agent per fabric host, with
+simulated port drivers and in-memory route tables, on a real MQTT broker.
+
+Consumes: a :class:`~linkguard.topology.fabric.Fabric`, a broker address, a damping policy.
+Produces: a running fleet whose links tests, the quick start and simulations take down and
+up (:meth:`SimulatedFleet.link_down`), and whose service, agents and tables they inspect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from linkguard.agent.daemon import Agent
+from linkguard.agent.monitor import DampingPolicy
+from linkguard.config import AgentSettings, BusSettings, PortConfig, ServiceSettings
+from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
+from linkguard.models import AckResult
+from linkguard.topology.fabric import Fabric
+from linkguard.topology.service import TopologyService
+
+__all__ = ["SimulatedFleet", "agent_settings_for", "wait_until"]
+
+
+async def wait_until(cond: Callable[[], object], timeout: float, what: str) -> float:
+    """Poll ``cond`` every 2 ms; return the monotonic time it became true. TimeoutError after
+    ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.002)
+    return time.monotonic()
+
+
+def agent_settings_for(
+    fabric: Fabric, host: str, *, bus: BusSettings, workdir: Path, damping: DampingPolicy
+) -> AgentSettings:
+    """Settings of a simulated agent for ``host`` of ``fabric`` (ports, endpoints, addresses)."""
+    inv = fabric.host(host)
+    return AgentSettings(
+        host=host,
+        driver="simulated",
+        bus=bus,
+        apply_routes=False,
+        damping=damping,
+        ports=[
+            PortConfig(
+                hca=h.hca,
+                port=h.port,
+                rail=h.rail,
+                netdev=h.netdev,
+                address=h.address,
+                link_layer=h.link_layer,
+                numa_node=h.numa_node,
+            )
+            for h in inv.hcas
+        ],
+        endpoints=list(inv.endpoints),
+        state_dir=workdir / host,
+        rail_map_path=workdir / host / "rail-map.json",
+        log_format="console",
+    )
+
+
+class SimulatedFleet:
+    """``async with SimulatedFleet(fabric, bus=..., workdir=...) as fleet:`` runs everything."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        *,
+        bus: BusSettings,
+        workdir: Path,
+        damping: DampingPolicy | None = None,
+        debounce_ms: float = 20,
+        settle_s: float = 0.2,
+    ) -> None:
+        self.fabric = fabric
+        damping = damping or DampingPolicy()
+        self.service = TopologyService(
+            ServiceSettings(bus=bus, debounce_ms=debounce_ms, startup_settle_s=settle_s),
+            fabric=fabric,
+        )
+        self.sources: dict[str, SimulatedPortSource] = {}
+        self.tables: dict[str, MemoryRouteTable] = {}
+        self.agents: dict[str, Agent] = {}
+        for inv in fabric.hosts:
+            self.sources[inv.host] = SimulatedPortSource(
+                [active_port(h.hca, h.port, link_layer=h.link_layer) for h in inv.hcas]
+            )
+            self.tables[inv.host] = MemoryRouteTable()
+            self.agents[inv.host] = Agent(
+                agent_settings_for(fabric, inv.host, bus=bus, workdir=workdir, damping=damping),
+                source=self.sources[inv.host],
+                table=self.tables[inv.host],
+                discovered=[],
+            )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> SimulatedFleet:
+        self._tasks = [asyncio.create_task(self.service.run(), name="service")]
+        self._tasks += [
+            asyncio.create_task(a.run(), name=f"agent:{h}") for h, a in self.agents.items()
+        ]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for a in self.agents.values():
+            a.stop()
+        self.service.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _hca(self, host: str, rail: int):
+        return next(h for h in self.fabric.host(host).hcas if h.rail == rail)
+
+    def link_down(self, host: str, rail: int) -> None:
+        h = self._hca(host, rail)
+        self.sources[host].link_down(h.hca, h.port)
+
+    def link_up(self, host: str, rail: int) -> None:
+        h = self._hca(host, rail)
+        self.sources[host].link_up(h.hca, h.port)
+
+    def all_acked(self, epoch_floor: int = 0) -> bool:
+        """Every host applied its current plan, of epoch ``epoch_floor`` or later."""
+        acks, plans = self.service.state.acks, self.service.state.plans
+        return len(plans) == len(self.agents) and all(
+            h in acks
+            and acks[h].result == AckResult.APPLIED
+            and acks[h].epoch == plans[h].epoch
+            and acks[h].epoch >= epoch_floor
+            for h in self.agents
+        )
+
+    async def wait_all_acked(self, epoch_floor: int = 0, timeout: float = 20) -> float:
+        return await wait_until(
+            lambda: self.all_acked(epoch_floor),
+            timeout,
+            f"every host to ack epoch >= {epoch_floor}",
+        )
