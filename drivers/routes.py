@@ -15,6 +15,7 @@ through another netdev than the route's, is refused with ENETUNREACH: such a rou
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -293,6 +294,53 @@ class RouteTable:
             log.warning(
                 "route_refused", netns=self.netns, table=self.table, dst=str(dest), error=msg
             )
+        return result
+
+    async def update(
+        self, upsert: Sequence[KernelRoute], remove: Iterable[IPv4Address] = ()
+    ) -> ReconcileResult:
+        """Replace the ``upsert`` routes and delete the ``remove`` destinations, without reading
+        the table first: the fast path, whose cost grows with the change, not with the table
+        (:meth:`reconcile` dumps every route of the namespace first). Every upsert counts as
+        ``replaced``; a destination in ``remove`` that is not there is not an error. Same
+        validation and error handling as :meth:`reconcile`."""
+        self._validate(upsert)
+        started = time.monotonic()
+        result = ReconcileResult()
+        index = {name: idx for idx, name in (await self._netdevs()).items()}
+        for want in upsert:
+            if want.netdev is not None and want.netdev not in index:
+                result.errors.append((want.destination, f"netdev {want.netdev} not found"))
+                continue
+            args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
+            if want.gateway is not None:
+                args["gateway"] = str(want.gateway)
+            if want.netdev is not None:
+                args["oif"] = index[want.netdev]
+            try:
+                await self.ipr.route("replace", table=self.table, **args)
+            except NetlinkError as exc:
+                result.errors.append((want.destination, _message(exc)))
+                continue
+            result.replaced += 1
+        for dest in remove:
+            try:
+                await self.ipr.route("del", table=self.table, dst=str(dest), dst_len=32)
+            except NetlinkError as exc:
+                if exc.code != errno.ESRCH:  # already gone
+                    result.errors.append((dest, f"delete: {_message(exc)}"))
+                continue
+            result.deleted += 1
+        result.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
+        log.info(
+            "routes_updated",
+            netns=self.netns,
+            table=self.table,
+            replaced=result.replaced,
+            deleted=result.deleted,
+            errors=len(result.errors),
+            ms=result.elapsed_ms,
+        )
         return result
 
     async def _delete(

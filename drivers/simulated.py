@@ -84,6 +84,8 @@ class MemoryRouteTable:
         self.routes: dict[object, KernelRoute] = {}
         self.rules_installed = False
         self.changes = 0
+        self.reconciles = 0
+        self.updates = 0
 
     async def __aenter__(self) -> MemoryRouteTable:
         return self
@@ -98,6 +100,7 @@ class MemoryRouteTable:
         return dict(self.routes)
 
     async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult:
+        self.reconciles += 1
         want = {r.destination: r for r in desired}
         added = replaced = deleted = unchanged = 0
         for d in list(self.routes):
@@ -118,6 +121,14 @@ class MemoryRouteTable:
         return ReconcileResult(
             added=added, replaced=replaced, deleted=deleted, unchanged=unchanged, errors=[]
         )
+
+    async def update(self, upsert: Sequence[KernelRoute], remove=()) -> ReconcileResult:
+        self.updates += 1
+        for r in upsert:
+            self.routes[r.destination] = r
+        deleted = sum(self.routes.pop(d, None) is not None for d in remove)
+        self.changes += len(upsert) + deleted
+        return ReconcileResult(replaced=len(upsert), deleted=deleted, errors=[])
 
     async def flush(self) -> None:
         self.routes.clear()

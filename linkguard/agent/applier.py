@@ -14,7 +14,8 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Protocol
 
@@ -36,6 +37,9 @@ class RouteTableLike(Protocol):
     async def __aexit__(self, *exc: object) -> None: ...
     async def ensure_rules(self) -> None: ...
     async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult: ...
+    async def update(
+        self, upsert: Sequence[KernelRoute], remove: Iterable[IPv4Address] = ()
+    ) -> ReconcileResult: ...
     async def flush(self) -> None: ...
 
 
@@ -75,6 +79,8 @@ class Applier:
         self.plan: Plan | None = None
         self.locally_down: set[str] = set()
         self.last_result: ReconcileResult | None = None
+        #: what this applier put in the table, as of its last change
+        self.installed: dict[IPv4Address, KernelRoute] = {}
 
     @property
     def applied_epoch(self) -> int | None:
@@ -144,7 +150,7 @@ class Applier:
         self.locally_down.add(key)
         if self.plan is None or not any(f"{b.hca}/{b.port}" == key for b in self.plan.backups):
             return None
-        return await self._ack(self.plan, time.monotonic(), fast_path=True)
+        return await self._ack(self.plan, time.monotonic(), fast_path=True, full=False)
 
     def port_up(self, key: str) -> None:
         """``key`` is usable again; its traffic returns with the service's next plan."""
@@ -156,9 +162,9 @@ class Applier:
         await self.table.flush()
         self.rail_map_path.unlink(missing_ok=True)
 
-    async def _ack(self, plan: Plan, t0: float, *, fast_path: bool) -> Ack:
+    async def _ack(self, plan: Plan, t0: float, *, fast_path: bool, full: bool = True) -> Ack:
         try:
-            await self._put_in_place()
+            await self._put_in_place(full=full)
         except Exception as exc:  # the kernel refused the whole apply; report, keep running
             log.error("plan_apply_failed", epoch=plan.epoch, error=repr(exc))
             return Ack(
@@ -188,14 +194,25 @@ class Applier:
             fast_path=fast_path,
         )
 
-    async def _put_in_place(self) -> None:
+    async def _put_in_place(self, *, full: bool = True) -> None:
+        """Plans reconcile the whole table (converges whatever happened to it); the fast path
+        only changes what its backup changes, so it costs the same on any table size."""
         assert self.plan is not None
         eff = effective(self.plan, self.locally_down)
-        desired = [
-            KernelRoute(destination=r.destination, gateway=r.gateway, netdev=r.netdev)
+        desired = {
+            r.destination: KernelRoute(
+                destination=r.destination, gateway=r.gateway, netdev=r.netdev
+            )
             for r in eff.routes
-        ]
-        self.last_result = await self.table.reconcile(desired)
+        }
+        if full:
+            self.last_result = await self.table.reconcile(list(desired.values()))
+        else:
+            upsert = [r for d, r in desired.items() if self.installed.get(d) != r]
+            remove = [d for d in self.installed if d not in desired]
+            self.last_result = await self.table.update(upsert, remove)
+        failed = {d for d, _ in self.last_result.errors}
+        self.installed = {d: r for d, r in desired.items() if d not in failed}
         _atomic_write(
             self.rail_map_path,
             json.dumps(rail_map(self.host, self.plan.epoch, eff), indent=2) + "\n",

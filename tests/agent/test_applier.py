@@ -34,9 +34,13 @@ async def test_apply_fast_path_and_withdraw(tmp_path: Path) -> None:
     ack = await a.apply(solve(FABRIC, {}, epoch=3, now=0.0)[HOST])
     assert (ack.result, ack.epoch, ack.fast_path) == ("applied", 3, False)
     assert {r.netdev for r in table.routes.values()} == {"rail0", "rail1"}
+    changes = table.changes
     fast = await a.port_down("mlx5_0/1")
     assert fast is not None and fast.fast_path and fast.epoch == 3
     assert {r.netdev for r in table.routes.values()} == {"rail1"}
+    # the fast path touches only the backup's routes (2 peers x 1 rail-0 endpoint), no full
+    # reconcile of the table
+    assert (table.reconciles, table.updates, table.changes - changes) == (1, 1, 2)
     assert '"nccl_ib_hca": "=mlx5_1:1"' in (tmp_path / "rail-map.json").read_text()
     await a.withdraw()
     assert table.routes == {} and not (tmp_path / "rail-map.json").exists()

@@ -211,3 +211,29 @@ async def test_missing_namespace():
     with pytest.raises(NetnsNotFoundError):
         async with RouteTable(table=TABLE, netns="lgnosuchnetns"):
             pass
+
+
+async def test_update_changes_only_what_it_is_given(lab: Lab, foreign: dict) -> None:
+    ns = lab.hosts[0].netns
+    async with RouteTable(table=TABLE, netns=ns, prefixes=PREFIXES) as rt:
+        await rt.reconcile(
+            [
+                R("10.200.1.1", "10.100.0.2", "rail0"),
+                R("10.200.1.2", "10.100.1.2", "rail1"),
+                R("10.200.2.2", "10.100.1.3", "rail1"),
+            ]
+        )
+        res = await rt.update(
+            [R("10.200.1.1", "10.100.1.2", "rail1")],
+            remove=[IPv4Address("10.200.2.2"), IPv4Address("10.200.9.9")],
+        )
+        assert (res.replaced, res.deleted, res.errors) == (1, 1, [])
+        assert await rt.dump() == {
+            IPv4Address("10.200.1.1"): R("10.200.1.1", "10.100.1.2", "rail1"),
+            IPv4Address("10.200.1.2"): R("10.200.1.2", "10.100.1.2", "rail1"),
+        }
+        bad = await rt.update([R("10.200.1.2", "10.100.0.2", "rail9")])
+        assert bad.errors == [(IPv4Address("10.200.1.2"), "netdev rail9 not found")]
+        with pytest.raises(ValueError, match="outside the managed prefixes"):
+            await rt.update([R("10.9.9.9", "10.100.0.2", "rail0")])
+    assert_foreign_intact(ns, foreign)
