@@ -4,6 +4,8 @@
   linkguard agent                  the per-host daemon
   linkguard topology serve         the topology service
   linkguard fabric generate        print a rail-optimized fabric (JSON/YAML)
+  linkguard fabric show            summarize a fabric (file or generator): tiers, cables, SUs
+  linkguard fabric export          write a fabric as JSON, YAML or Graphviz DOT
   linkguard broker                 an embedded MQTT broker on 127.0.0.1
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration.
@@ -89,6 +91,129 @@ def _overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+#: Generator options shared by ``fabric generate``/``show``/``export``, with their defaults.
+_GENERATOR_DEFAULTS = {
+    "hosts": 32,
+    "rails": 8,
+    "gpus_per_host": None,
+    "hosts_per_su": 32,
+    "management_hosts_per_su": 0,
+    "spines_per_su": 4,
+    "core": None,
+}
+
+
+def _add_generator_options(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The rail-optimized generator's parameters. Without ``defaults`` they parse to None when
+    absent (``show``/``export`` accept them only with ``--generate``)."""
+
+    def d(name: str):
+        return _GENERATOR_DEFAULTS[name] if defaults else None
+
+    g = p.add_argument_group("generator (DGX SuperPOD rail-optimized)")
+    g.add_argument(
+        "--hosts",
+        type=_positive(int, lo=1, hi=16384),
+        default=d("hosts"),
+        help="compute hosts (default 32)",
+    )
+    g.add_argument(
+        "--rails",
+        type=_positive(int, lo=1, hi=16),
+        default=d("rails"),
+        help="rails = compute NICs per host (default 8)",
+    )
+    g.add_argument(
+        "--gpus-per-host", type=_positive(int, lo=1, hi=64), default=None, help="default: = rails"
+    )
+    g.add_argument(
+        "--hosts-per-su",
+        type=_positive(int, lo=1, hi=1024),
+        default=d("hosts_per_su"),
+        help="node slots per scalable unit (default 32)",
+    )
+    g.add_argument(
+        "--management-hosts-per-su",
+        type=_positive(int, lo=0, hi=1023),
+        default=d("management_hosts_per_su"),
+        help="slots per SU left for management, e.g. the UFM appliance (default 0)",
+    )
+    g.add_argument(
+        "--spines-per-su",
+        type=_positive(int, lo=0, hi=64),
+        default=d("spines_per_su"),
+        help="spine switches per SU (default 4)",
+    )
+    g.add_argument(
+        "--core",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="core tier above the spines (default: from 16 SUs, or when two tiers cannot be "
+        "cabled)",
+    )
+
+
+def _add_fabric_source(p: argparse.ArgumentParser) -> None:
+    """Exactly one fabric source: a fabric file, the generator, or an ibnetdiscover dump."""
+    p.set_defaults(subparser=p)  # usage errors found after parsing name the subcommand
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--fabric", type=Path, metavar="FILE", help="fabric file (JSON/YAML)")
+    src.add_argument(
+        "--ibnetdiscover",
+        type=Path,
+        metavar="FILE",
+        help="import `ibnetdiscover` output (rails inferred from the leaf each HCA hangs off)",
+    )
+    p.add_argument(
+        "--guid-map",
+        type=Path,
+        metavar="FILE",
+        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines)",
+    )
+    src.add_argument(
+        "--generate",
+        action="store_true",
+        help="generate a rail-optimized fabric from the generator options below",
+    )
+    _add_generator_options(p, defaults=False)
+
+
+def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot express (exit 2 with a message naming the option)."""
+    if args.command != "fabric" or args.fabric_command not in ("show", "export"):
+        return
+    parser = args.subparser
+    if args.guid_map and not args.ibnetdiscover:
+        parser.error("--guid-map goes with --ibnetdiscover")
+    if not args.generate:
+        given = [
+            "--" + name.replace("_", "-")
+            for name in _GENERATOR_DEFAULTS
+            if getattr(args, name) is not None
+        ]
+        if given:
+            parser.error(f"{', '.join(given)}: generator options need --generate")
+    if args.fabric_command == "export":
+        fmt = _export_format(args)
+        if fmt is None:
+            parser.error(
+                f"cannot tell the format of {args.output} from its suffix: give --format "
+                "json, yaml or dot"
+            )
+        if args.aggregate and fmt != "dot":
+            parser.error(f"--aggregate applies to DOT only, not to {fmt}")
+
+
+def _export_format(args: argparse.Namespace) -> str | None:
+    from linkguard.topology.export import format_from_suffix
+
+    if args.format:
+        return args.format
+    if args.output is None:
+        return "yaml"
+    return format_from_suffix(args.output)
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
@@ -148,12 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     fg = fsub.add_parser(
         "generate", formatter_class=fmt, help="print a rail-optimized fabric (DGX SuperPOD style)"
     )
-    fg.add_argument("--hosts", type=_positive(int, lo=1, hi=16384), default=32)
-    fg.add_argument("--rails", type=_positive(int, lo=1, hi=16), default=8)
-    fg.add_argument(
-        "--gpus-per-host", type=_positive(int, lo=1, hi=64), default=None, help="default: = rails"
-    )
-    fg.add_argument("--hosts-per-su", type=_positive(int, lo=1, hi=1024), default=32)
+    _add_generator_options(fg, defaults=True)
     fg.add_argument(
         "--format",
         choices=["json", "yaml"],
@@ -161,6 +281,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: from the -o suffix (.json), else yaml",
     )
     fg.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+
+    fs = fsub.add_parser(
+        "show",
+        help="summarize a fabric: hosts, SUs, rails, switches per tier, cables by kind and "
+        "rate, a per-SU table and the first hosts",
+    )
+    _add_fabric_source(fs)
+    fs.add_argument(
+        "--show-hosts",
+        type=_positive(int, lo=0, hi=1_000_000),
+        default=8,
+        metavar="N",
+        help="list the first N hosts (default 8, 0: none)",
+    )
+    fs.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+
+    fe = fsub.add_parser("export", help="write a fabric as JSON, YAML or Graphviz DOT")
+    _add_fabric_source(fe)
+    fe.add_argument(
+        "--format",
+        choices=["json", "yaml", "dot"],
+        default=None,
+        help="default: from the -o suffix (.json, .yaml/.yml, .dot/.gv), else yaml",
+    )
+    fe.add_argument(
+        "--aggregate",
+        action="store_true",
+        help="DOT only: one node per (SU, rail) instead of one per host (for big fabrics)",
+    )
+    fe.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
 
     b = sub.add_parser(
         "broker", formatter_class=fmt, help="embedded MQTT broker (amqtt) for single-machine trials"
@@ -178,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--rail {args.rail} is not one of the {args.rails} rails (0-{args.rails - 1})"
         )
+    _check_fabric_usage(parser, args)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -215,7 +366,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     if args.command == "fabric":
-        return _fabric_generate(args)
+        return _fabric(args)
 
     if args.command == "broker":
         return _broker(args)
@@ -268,25 +419,48 @@ def _daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fabric_generate(args: argparse.Namespace) -> int:
-    from linkguard.topology.fabric import dump_fabric, generate_rail_optimized
+def _generator_kwargs(args: argparse.Namespace) -> dict:
+    """The generator options that were given (absent ones keep the generator's defaults)."""
+    return {k: getattr(args, k) for k in _GENERATOR_DEFAULTS if getattr(args, k) is not None}
 
-    fmt = args.format or ("json" if args.output and args.output.suffix == ".json" else "yaml")
+
+def _fabric(args: argparse.Namespace) -> int:
+    """``fabric generate|show|export``: exit 2 on bad parameters or a bad fabric file, 1 when
+    the output cannot be written."""
+    from linkguard.logs import configure_logging
+    from linkguard.topology.export import render, summary_text
+    from linkguard.topology.fabric import FabricError, load_fabric
+    from linkguard.topology.generator import generate_rail_optimized
+
+    configure_logging("console", "warning")  # stdout carries the fabric; logs go to stderr
     try:
-        fabric = generate_rail_optimized(
-            hosts=args.hosts,
-            rails=args.rails,
-            gpus_per_host=args.gpus_per_host,
-            hosts_per_su=args.hosts_per_su,
-        )
-    except ValueError as exc:
+        if args.fabric_command == "generate" or args.generate:
+            fabric = generate_rail_optimized(**_generator_kwargs(args))
+        elif args.ibnetdiscover:
+            from linkguard.topology.ibnetdiscover import import_ibnetdiscover
+
+            imported = import_ibnetdiscover(args.ibnetdiscover, guid_map=args.guid_map)
+            fabric = imported.fabric
+            for line in imported.notes:
+                print(f"linkguard: note: {line}", file=sys.stderr)
+            for line in imported.warnings:
+                print(f"linkguard: warning: {line}", file=sys.stderr)
+        else:
+            fabric = load_fabric(args.fabric)
+    except (ValueError, FabricError) as exc:  # FabricError is a ValueError; named for clarity
         return _fail(str(exc), 2)
-    text = dump_fabric(fabric, fmt)
+    if args.fabric_command == "generate":
+        fmt = args.format or ("json" if args.output and args.output.suffix == ".json" else "yaml")
+        text = render(fabric, fmt)
+    elif args.fabric_command == "show":
+        text = summary_text(fabric, hosts_shown=args.show_hosts)
+    else:
+        text = render(fabric, _export_format(args) or "yaml", aggregate=args.aggregate)
     if not args.output:
         sys.stdout.write(text)
         return 0
     try:
-        args.output.write_text(text)
+        args.output.write_text(text, encoding="utf-8")
     except OSError as exc:
         return _fail(f"cannot write {args.output}: {exc.strerror or exc}", 1)
     return 0

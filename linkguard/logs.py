@@ -12,6 +12,17 @@ import structlog
 __all__ = ["configure_logging"]
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is at write time (not the object it was at configuration: a
+    replaced and closed stream must not break every later log call)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "info") -> None:
     """Route structlog and stdlib logging (aiomqtt, amqtt, pyroute2) to stderr in ``fmt``."""
     lvl = logging.getLevelNamesMapping().get(level.upper())
@@ -35,10 +46,10 @@ def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "in
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer, foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name]

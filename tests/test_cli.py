@@ -164,3 +164,107 @@ def test_fabric_generate_format_follows_suffix(tmp_path: Path) -> None:
     assert main(["fabric", "generate", "--hosts", "2", "--rails", "2", "-o", str(out)]) == 0
     assert out.read_text().lstrip().startswith("{")
     assert main(["fabric", "generate", "-o", str(tmp_path / "no" / "dir.yaml")]) == 1
+
+
+# --- fabric show / export ----------------------------------------------------------------------
+
+SMALL = ["--hosts", "40", "--rails", "2", "--hosts-per-su", "16", "--spines-per-su", "2"]
+
+
+def test_fabric_show_from_generator_and_from_file(tmp_path: Path, capsys) -> None:
+    assert main(["fabric", "show", "--generate", *SMALL, "--show-hosts", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("fabric rail-optimized-40x2\n  hosts     40 (80 GPUs)\n")
+    assert "  SUs       3\n" in text and "  switches  6 leaves, 6 spines, 0 core\n" in text
+    assert "    host-leaf         80 x 400 Gb/s\n    leaf-spine        96 x 400 Gb/s\n" in text
+    assert "     2      8      2      2        16      32\n" in text  # the half-full last SU
+    assert "gpu000       SU 0 " in text and "gpu001" not in text
+    path = tmp_path / "f.json"
+    assert main(["fabric", "generate", *SMALL, "-o", str(path)]) == 0
+    out = tmp_path / "show.txt"
+    assert main(["fabric", "show", "--fabric", str(path), "--show-hosts", "1", "-o", str(out)]) == 0
+    assert out.read_text() == text
+
+
+def test_fabric_show_core_tier_and_management_slots(capsys) -> None:
+    argv = ["fabric", "show", "--generate", "--hosts", "496", "--management-hosts-per-su", "1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "  SUs       16\n" in text and "128 leaves, 64 spines, 64 core" in text
+    assert "    spine-spine     4096 x 400 Gb/s\n" in text
+    assert "    15     31      8      4       248     256\n" in text
+
+
+def test_fabric_export_formats(tmp_path: Path, capsys) -> None:
+    dot = tmp_path / "f.gv"
+    assert main(["fabric", "export", "--generate", *SMALL, "--aggregate", "-o", str(dot)]) == 0
+    text = dot.read_text()
+    assert text.startswith('graph "rail-optimized-40x2" {') and '"su2/rail1"' in text
+    js = tmp_path / "f.json"
+    assert main(["fabric", "export", "--fabric", str(_generated(tmp_path)), "-o", str(js)]) == 0
+    assert load_fabric(js) == load_fabric(_generated(tmp_path))
+    assert main(["fabric", "export", "--fabric", str(js), "--format", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["name"] == "rail-optimized-3x2"
+    assert main(["fabric", "export", "--generate", "-o", str(tmp_path / "no" / "f.dot")]) == 1
+
+
+def _generated(tmp_path: Path) -> Path:
+    path = tmp_path / "gen.yaml"
+    if not path.exists():
+        assert main(["fabric", "generate", "--hosts", "3", "--rails", "2", "-o", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["fabric", "show"], "--fabric --ibnetdiscover --generate is required"),
+        (["fabric", "export", "--fabric", "f.yaml", "--generate"], "not allowed with"),
+        (["fabric", "show", "--fabric", "f.yaml", "--hosts", "4"], "--hosts: generator options"),
+        (["fabric", "export", "--generate", "--format", "json", "--aggregate"], "DOT only"),
+        (["fabric", "export", "--generate", "-o", "f.svg"], "give --format json, yaml or dot"),
+        (["fabric", "show", "--generate", "--spines-per-su", "-1"], "between 0 and 64"),
+    ],
+)
+def test_fabric_usage_errors_exit_2(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and f"linkguard fabric {argv[1]}" in err
+
+
+def test_fabric_bad_parameters_and_files_exit_2(tmp_path: Path, capsys) -> None:
+    assert main(["fabric", "show", "--generate", "--hosts", "300", "--no-core"]) == 2
+    assert "two tiers cannot be cabled" in capsys.readouterr().err
+    assert main(["fabric", "generate", "--management-hosts-per-su", "32"]) == 2
+    assert "below hosts_per_su" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nhosts: []\n")
+    assert main(["fabric", "export", "--fabric", str(bad), "--format", "dot"]) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+    assert main(["fabric", "show", "--fabric", str(tmp_path / "absent.json")]) == 2
+
+
+def test_fabric_show_imports_ibnetdiscover(fixtures_real: Path, capsys) -> None:
+    x5 = fixtures_real / "ltaulell-HPC_toolset"
+    assert (
+        main(
+            [
+                "fabric",
+                "show",
+                "--ibnetdiscover",
+                str(x5 / "X5.topofile"),
+                "--guid-map",
+                str(x5 / "X5.map"),
+                "--show-hosts",
+                "0",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr()
+    assert "hosts     89" in out.out and "6 leaves" in out.out
+    assert "rails inferred" in out.err
+    with pytest.raises(SystemExit):
+        main(["fabric", "show", "--generate", "--guid-map", str(x5 / "X5.map")])

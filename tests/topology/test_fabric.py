@@ -1,10 +1,9 @@
-"""Fabric model, rail-optimized generator and fabric files."""
+"""Fabric model and fabric files (the generator: test_generator.py)."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
-from collections import Counter
 
 import pytest
 from pydantic import ValidationError
@@ -46,54 +45,6 @@ links:
 @pytest.fixture(scope="module")
 def su() -> Fabric:
     return generate_rail_optimized()
-
-
-def test_generator_shape(su: Fabric) -> None:
-    assert len(su.hosts) == 32
-    assert su.rails == list(range(8))
-    assert sum(len(h.endpoints) for h in su.hosts) == 256
-    leaves = [s for s in su.switches if s.role == "leaf"]
-    spines = [s for s in su.switches if s.role == "spine"]
-    assert [s.name for s in leaves] == [f"su0-leaf{r}" for r in range(8)]
-    assert [(s.rail, s.su) for s in leaves] == [(r, 0) for r in range(8)]
-    assert [s.name for s in spines] == [f"su0-spine{k}" for k in range(4)]
-    kinds = Counter(link.kind for link in su.links)
-    assert kinds == {"host-leaf": 256, "leaf-spine": 32}
-    assert {link.rate_gbps for link in su.links} == {400.0}
-
-
-def test_generator_addresses_and_numa(su: Fabric) -> None:
-    h5 = su.host("gpu005")
-    assert [c.hca for c in h5.hcas] == [f"mlx5_{r}" for r in range(8)]
-    assert [c.netdev for c in h5.hcas] == [f"rail{r}" for r in range(8)]
-    assert h5.hcas[3].address == IP("10.100.3.6")
-    assert h5.endpoints[2] == IP("10.200.5.3")
-    assert su.host("gpu000").endpoints[0] == IP("10.200.0.1")
-    assert su.host("gpu031").hcas[7].address == IP("10.100.7.32")
-    assert [c.numa_node for c in h5.hcas] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert h5.gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
-    cable = next(link for link in su.links if link.a == "gpu005:mlx5_3/1")
-    assert (cable.b, cable.kind, cable.rail) == ("su0-leaf3", "host-leaf", 3)
-
-
-def test_generator_multi_su_and_larger_layout() -> None:
-    f = generate_rail_optimized(hosts=300, rails=4, gpus_per_host=8, hosts_per_su=32)
-    assert len([s for s in f.switches if s.role == "leaf"]) == 10 * 4
-    cable = next(link for link in f.links if link.a == "gpu040:mlx5_3/1")
-    assert cable.b == "su1-leaf3"
-    # 300 hosts: each rail gets a /23 (512 addresses); host h is the (h+1)-th address.
-    assert f.host("gpu299").hcas[1].address == IP("10.100.3.44")  # 10.100.2.0 + 300
-    # 300 hosts x 256 > /16: 128 endpoint addresses per host; GPU 7 of host 299.
-    assert f.host("gpu299").endpoints[7] == IP("10.200.149.136")  # 299 * 128 + 8
-    # GPUs beyond the rails: home rail g % 4, NUMA split over the 8 GPUs.
-    assert f.host("gpu000").gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
-
-
-def test_generator_refuses_too_small_prefix() -> None:
-    with pytest.raises(ValueError, match="too small"):
-        generate_rail_optimized(hosts=300, rail_prefix="10.100.0.0/21")
-    with pytest.raises(ValueError, match="too small"):
-        generate_rail_optimized(hosts=40, endpoint_prefix="10.200.0.0/24")
 
 
 def test_host_lookup_and_duplicates(su: Fabric) -> None:

@@ -1,0 +1,255 @@
+"""Rail-optimized generator: DGX SuperPOD shapes at 1, 2, 4, 16 and 64 SUs, addresses, errors.
+
+Expected counts are the reference architectures' tables (see linkguard.topology.generator):
+H100 RA Table 4 (1/2/4 SUs: 256/512/1,024 spine-leaf cables) and the B200 RA table (16 SUs:
+64 core switches and 4,096 spine-core cables; 64 SUs: 256 and 16,384).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from linkguard.topology.fabric import Fabric
+from linkguard.topology.fabric import generate_rail_optimized as via_fabric
+from linkguard.topology.generator import generate_rail_optimized, rail_optimized_shape
+
+IP = ipaddress.IPv4Address
+
+
+def names(f: Fabric, role: str) -> list[str]:
+    return [s.name for s in f.switches if s.role == role]
+
+
+def cables(f: Fabric, kind: str) -> Counter[tuple[str, str]]:
+    return Counter((link.a, link.b) for link in f.links if link.kind == kind)
+
+
+@pytest.fixture(scope="module")
+def su() -> Fabric:
+    return generate_rail_optimized()
+
+
+def test_generator_shape(su: Fabric) -> None:
+    assert len(su.hosts) == 32
+    assert su.rails == list(range(8))
+    assert sum(len(h.endpoints) for h in su.hosts) == 256
+    leaves = [s for s in su.switches if s.role == "leaf"]
+    assert [s.name for s in leaves] == [f"su0-leaf{r}" for r in range(8)]
+    assert [(s.rail, s.su) for s in leaves] == [(r, 0) for r in range(8)]
+    assert names(su, "spine") == [f"su0-spine{k}" for k in range(4)]
+    kinds = Counter(link.kind for link in su.links)
+    assert kinds == {"host-leaf": 256, "leaf-spine": 256}  # H100 RA Table 4, 1 SU
+    assert {link.rate_gbps for link in su.links} == {400.0}
+    # every leaf: 32 uplinks, 8 to each of the SU's 4 spines, tagged with the leaf's rail
+    per_pair = cables(su, "leaf-spine")
+    assert per_pair == {(f"su0-leaf{r}", f"su0-spine{k}"): 8 for r in range(8) for k in range(4)}
+    assert {(link.a, link.rail) for link in su.links if link.kind == "leaf-spine"} == {
+        (f"su0-leaf{r}", r) for r in range(8)
+    }
+
+
+def test_generator_addresses_and_numa(su: Fabric) -> None:
+    h5 = su.host("gpu005")
+    assert [c.hca for c in h5.hcas] == [f"mlx5_{r}" for r in range(8)]
+    assert [c.netdev for c in h5.hcas] == [f"rail{r}" for r in range(8)]
+    assert h5.hcas[3].address == IP("10.100.3.6")
+    assert h5.endpoints[2] == IP("10.200.5.3")
+    assert su.host("gpu000").endpoints[0] == IP("10.200.0.1")
+    assert su.host("gpu031").hcas[7].address == IP("10.100.7.32")
+    assert [c.numa_node for c in h5.hcas] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert h5.gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
+    cable = next(link for link in su.links if link.a == "gpu005:mlx5_3/1")
+    assert (cable.b, cable.kind, cable.rail) == ("su0-leaf3", "host-leaf", 3)
+
+
+def test_generator_multi_su_and_larger_layout() -> None:
+    f = generate_rail_optimized(hosts=300, rails=4, gpus_per_host=8, hosts_per_su=32)
+    assert len(names(f, "leaf")) == 10 * 4
+    cable = next(link for link in f.links if link.a == "gpu040:mlx5_3/1")
+    assert cable.b == "su1-leaf3"
+    # 300 hosts: each rail gets a /23 (512 addresses); host h is the (h+1)-th address.
+    assert f.host("gpu299").hcas[1].address == IP("10.100.3.44")  # 10.100.2.0 + 300
+    # 300 hosts x 256 > /16: 128 endpoint addresses per host; GPU 7 of host 299.
+    assert f.host("gpu299").endpoints[7] == IP("10.200.149.136")  # 299 * 128 + 8
+    # GPUs beyond the rails: home rail g % 4, NUMA split over the 8 GPUs.
+    assert f.host("gpu000").gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_generator_refuses_too_small_prefix() -> None:
+    with pytest.raises(ValueError, match="too small"):
+        generate_rail_optimized(hosts=300, rail_prefix="10.100.0.0/21")
+    with pytest.raises(ValueError, match="too small"):
+        generate_rail_optimized(hosts=40, endpoint_prefix="10.200.0.0/24")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "spines", "pairs", "per_pair"),
+    [(64, 8, 16 * 8, 4), (128, 16, 32 * 16, 2)],  # H100 RA Table 4: 512 and 1,024 cables
+    ids=["2-SU", "4-SU"],
+)
+def test_two_tiers_every_leaf_reaches_every_spine(hosts, spines, pairs, per_pair) -> None:
+    f = generate_rail_optimized(hosts=hosts)
+    shape = rail_optimized_shape(hosts=hosts)
+    assert not shape.core and shape.cores == 0
+    assert len(names(f, "spine")) == spines
+    per = cables(f, "leaf-spine")
+    assert len(per) == pairs and set(per.values()) == {per_pair}
+    assert sum(per.values()) == hosts * 8
+    assert "spine-spine" not in {link.kind for link in f.links}
+    # hosts 32..63 are SU 1
+    assert next(link.b for link in f.links if link.a == "gpu032:mlx5_5/1") == "su1-leaf5"
+
+
+@pytest.fixture(scope="module")
+def su16() -> Fabric:
+    return generate_rail_optimized(hosts=512)
+
+
+def test_sixteen_sus_get_the_core_tier(su16: Fabric) -> None:
+    leaves = names(su16, "leaf")
+    spines = [s.name for s in su16.switches if s.role == "spine" and s.su is not None]
+    cores = [s.name for s in su16.switches if s.role == "spine" and s.su is None]
+    # B200 RA, 16 SUs: 128 leaves, 64 core switches, 4,096 leaf-spine and spine-core cables
+    assert (len(leaves), len(spines), len(cores)) == (128, 64, 64)
+    assert cores[:2] == ["cg0-core0", "cg0-core1"] and cores[-1] == "cg3-core15"
+    kinds = Counter(link.kind for link in su16.links)
+    assert kinds == {"host-leaf": 4096, "leaf-spine": 4096, "spine-spine": 4096}
+    # leaves reach only their own SU's spines, 8 cables each: linear, not leaves x spines
+    up = cables(su16, "leaf-spine")
+    assert len(up) == 128 * 4 and set(up.values()) == {8}
+    assert all(a.split("-")[0] == b.split("-")[0] for a, b in up)
+    # spine k of every SU: 64 cables down, 64 up, 4 to each of the 16 cores of group k
+    core_pairs = cables(su16, "spine-spine")
+    assert len(core_pairs) == 64 * 16 and set(core_pairs.values()) == {4}
+    # spine k ("su3-spine2") cables only to core group k ("cg2-core7")
+    assert all(a.split("spine")[1] == b.split("-")[0].removeprefix("cg") for a, b in core_pairs)
+    ports = Counter()
+    for (a, b), n in core_pairs.items():
+        ports[a] += n
+        ports[b] += n
+    assert {ports[s] for s in spines} == {64} and {ports[c] for c in cores} == {64}
+
+
+def test_sixty_four_sus_fleet_scale() -> None:
+    f = generate_rail_optimized(hosts=2048)
+    shape = rail_optimized_shape(hosts=2048)
+    assert (shape.sus, shape.leaves, shape.spines, shape.cores) == (64, 512, 256, 256)
+    kinds = Counter(link.kind for link in f.links)
+    assert kinds == {"host-leaf": 16384, "leaf-spine": 16384, "spine-spine": 16384}  # B200 RA
+    core_pairs = cables(f, "spine-spine")
+    assert len(core_pairs) == 256 * 64 and set(core_pairs.values()) == {1}
+    # address layout at fleet scale: a /20 per rail, 32 endpoint addresses per host
+    last = f.host("gpu2047")
+    assert last.hcas[7].address == IP("10.100.120.0")  # 10.100.112.0 + 2048
+    assert last.endpoints[0] == IP("10.200.255.225")  # 2047 * 32 + 1
+    assert next(link.b for link in f.links if link.a == "gpu2047:mlx5_7/1") == "su63-leaf7"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "core"),
+    [
+        ({"hosts": 256}, False),  # 8 SUs x 4 spines = 32 = a leaf's uplinks: two tiers
+        ({"hosts": 288}, True),  # 9 SUs: 36 spines, a leaf cannot reach them all
+        ({"hosts": 480, "spines_per_su": 1}, False),  # 15 SUs
+        ({"hosts": 512, "spines_per_su": 1}, True),  # from 16 SUs on
+        ({"hosts": 32, "core": True}, True),
+    ],
+)
+def test_core_tier_auto(kwargs, core) -> None:
+    assert rail_optimized_shape(**kwargs).core is core
+    f = generate_rail_optimized(**kwargs)
+    assert ("spine-spine" in {link.kind for link in f.links}) is core
+
+
+def test_forced_core_on_one_su() -> None:
+    f = generate_rail_optimized(hosts=32, core=True)
+    cores = [s.name for s in f.switches if s.su is None]
+    assert cores == ["cg0-core0", "cg1-core0", "cg2-core0", "cg3-core0"]
+    assert cables(f, "spine-spine") == {(f"su0-spine{k}", f"cg{k}-core0"): 64 for k in range(4)}
+
+
+def test_uneven_uplinks_spread_within_one_cable() -> None:
+    f = generate_rail_optimized(hosts=20, rails=3, hosts_per_su=10)  # 10 uplinks over 8 spines
+    per = cables(f, "leaf-spine")
+    for leaf in names(f, "leaf"):
+        counts = [per[(leaf, sp)] for sp in names(f, "spine")]
+        assert sum(counts) == 10 and max(counts) - min(counts) <= 1, (leaf, counts)
+    totals = Counter()
+    for (_, spine), n in per.items():
+        totals[spine] += n
+    assert max(totals.values()) - min(totals.values()) <= 1 and sum(totals.values()) == 60
+
+
+def test_management_slots() -> None:
+    f = generate_rail_optimized(hosts=62, management_hosts_per_su=1)
+    plain = generate_rail_optimized(hosts=62)
+    shape = rail_optimized_shape(hosts=62, management_hosts_per_su=1)
+    assert (shape.sus, shape.compute_hosts_per_su) == (2, 31)
+    # host 31 moves to SU 1; names and addresses do not depend on the reserved slots
+    assert next(link.b for link in f.links if link.a == "gpu031:mlx5_2/1") == "su1-leaf2"
+    assert f.hosts == plain.hosts
+    on_leaf = Counter(link.b for link in f.links if link.kind == "host-leaf")
+    assert set(on_leaf.values()) == {31}
+    # leaves stay cabled for the full SU of 32 slots (RA: build the fabric for full SUs)
+    assert Counter(link.a for link in f.links if link.kind == "leaf-spine") == {
+        leaf: 32 for leaf in names(f, "leaf")
+    }
+    # 4 x 31 = 124 hosts still fit 4 SUs; one more needs a fifth
+    assert rail_optimized_shape(hosts=124, management_hosts_per_su=1).sus == 4
+    assert rail_optimized_shape(hosts=125, management_hosts_per_su=1).sus == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"management_hosts_per_su": 32}, "below hosts_per_su"),
+        ({"spines_per_su": 0, "core": True}, "needs spines"),
+        ({"hosts": 300, "core": False}, "two tiers cannot be cabled"),
+        ({"hosts": 0}, ">= 1"),
+        ({"gpus_per_host": 65}, "64 GPUs"),
+    ],
+)
+def test_bad_parameters(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        generate_rail_optimized(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"hosts": 31},
+        {"hosts": 100, "rails": 4, "hosts_per_su": 16, "spines_per_su": 2},
+        {"hosts": 512, "spines_per_su": 8},
+        {"hosts": 40, "spines_per_su": 0},
+    ],
+)
+def test_shape_matches_the_fabric(kwargs) -> None:
+    s = rail_optimized_shape(**kwargs)
+    f = generate_rail_optimized(**kwargs)
+    kinds = Counter(link.kind for link in f.links)
+    assert kinds["host-leaf"] == s.host_leaf_cables
+    assert kinds["leaf-spine"] == s.leaf_spine_cables
+    assert kinds["spine-spine"] == s.spine_core_cables
+    assert len(f.switches) == s.leaves + s.spines + s.cores
+
+
+def test_b200_spine_count_gives_the_same_cores() -> None:
+    s = rail_optimized_shape(hosts=512, spines_per_su=8)  # B200 RA: 128 spines at 16 SUs
+    assert (s.spines, s.cores, s.spine_uplinks, s.spine_core_cables) == (128, 64, 32, 4096)
+
+
+def test_import_paths_and_no_cycle() -> None:
+    assert via_fabric is generate_rail_optimized
+    for first in ("linkguard.topology.generator", "linkguard.topology.fabric"):
+        code = (
+            f"import {first}\n"
+            "from linkguard.topology.fabric import generate_rail_optimized as g\n"
+            "print(len(g(hosts=2, rails=2).hosts))"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert (out.returncode, out.stdout.strip()) == (0, "2"), out.stderr

@@ -1,0 +1,430 @@
+"""Rail-optimized fabrics after the NVIDIA DGX SuperPOD reference architectures.
+
+Consumes: generator parameters (host count, rails, SU size, spines per SU, core tier).
+Produces: a validated :class:`~linkguard.topology.fabric.Fabric` (hosts with rail addresses and
+GPU endpoints, leaf / spine / core switches, one :class:`~linkguard.topology.fabric.Link` per
+cable), and :class:`RailOptimizedShape`, the switch and cable counts of such a fabric without
+building it.
+
+Sources of the numbers:
+
+- [H100 RA] "NVIDIA DGX SuperPOD: Next Generation Scalable Infrastructure for AI Leadership,
+  Reference Architecture featuring NVIDIA DGX H100 Systems", RA-11333-001, section Network
+  Fabrics, Table 4 "Compute fabric component count"
+  (https://docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-h100/latest/network-fabrics.html):
+  SUs of 32 node slots, 8 rail leaves and 4 spines per SU, NDR 400 Gb/s; 1 SU = 31 nodes,
+  8 leaves, 4 spines, 256 spine-leaf cables; 2 SUs = 63 nodes, 16, 8, 512; 4 SUs = 127 nodes,
+  32, 16, 1,024. The node counts are 32 x SUs - 1: one slot of the fabric is given to the UFM
+  appliance. Partial SUs keep the full SU's leaves and leaf-spine cables.
+- [B200 RA] "NVIDIA DGX SuperPOD: Reference Architecture featuring DGX B200", component table
+  (https://docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-b200/latest/dgx-superpod-architecture.html):
+  two tiers up to 8 SUs; from 16 SUs a core tier, e.g. 64 SUs = 512 leaves, 512 spines,
+  256 core switches, 16,384 node-leaf, 16,384 leaf-spine and 16,384 spine-core cables.
+- [Bring-up] NVIDIA "InfiniBand Cluster Bring-up Procedure", Acronyms
+  (https://docs.nvidia.com/networking/display/IBClusterBringupProcedure/Acronyms): a spine-leaf
+  group (SLG) has every spine cabled to every leaf of the group; a core group (CG) is the set of
+  core switches that one spine position of every SLG connects to. The RA's "core" is what other
+  NVIDIA documents call a "super spine".
+- Quantum-2 QM9700 / NDR switches have 64 ports of 400 Gb/s (:data:`SWITCH_PORTS`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+from linkguard.models import HCAInfo, HostInventory, LinkLayer
+from linkguard.topology.fabric import (
+    MAX_ENDPOINTS_PER_HOST,
+    NDR_GBPS,
+    Fabric,
+    Link,
+    Switch,
+)
+
+__all__ = [
+    "CORE_MIN_SUS",
+    "SWITCH_PORTS",
+    "RailOptimizedShape",
+    "generate_rail_optimized",
+    "rail_optimized_shape",
+]
+
+#: Ports of one NDR InfiniBand switch (Quantum-2 QM9700: 64 x 400 Gb/s); sizes the core groups.
+SWITCH_PORTS = 64
+
+#: From this many SUs the default (``core=None``) adds a core tier: the first row of the
+#: [B200 RA] component table that has core switches.
+CORE_MIN_SUS = 16
+
+#: Link kind of a spine-to-core cable. The fabric model has no "core" role: a core switch is a
+#: spine (``role="spine"``) of no SU (``su=None``), cabled to SU spines by ``spine-spine`` links
+#: (NVIDIA's "super spine").
+SPINE_CORE_KIND = "spine-spine"
+
+
+@dataclass(frozen=True, slots=True)
+class RailOptimizedShape:
+    """Switch and cable counts of a rail-optimized fabric (see :func:`rail_optimized_shape`).
+
+    Cables are counted one per cable, as :class:`Link` records them (parallel cables between the
+    same two switches are separate links).
+    """
+
+    hosts: int
+    rails: int
+    hosts_per_su: int  #: node slots per SU, management slots included
+    management_hosts_per_su: int  #: slots per SU reserved for management (left empty)
+    sus: int
+    spines_per_su: int
+    core: bool
+    leaves: int
+    spines: int
+    leaf_uplinks: int  #: uplink cables per leaf
+    spine_uplinks: int  #: core-facing cables of the busiest spine (0 without core)
+    core_groups: int
+    cores_per_group: int
+    host_leaf_cables: int
+    leaf_spine_cables: int
+    spine_core_cables: int
+
+    @property
+    def compute_hosts_per_su(self) -> int:
+        return self.hosts_per_su - self.management_hosts_per_su
+
+    @property
+    def cores(self) -> int:
+        return self.core_groups * self.cores_per_group
+
+
+def rail_optimized_shape(
+    *,
+    hosts: int = 32,
+    rails: int = 8,
+    hosts_per_su: int = 32,
+    management_hosts_per_su: int = 0,
+    spines_per_su: int = 4,
+    core: bool | None = None,
+) -> RailOptimizedShape:
+    """The counts :func:`generate_rail_optimized` builds for these parameters, without building.
+
+    Tiers and counts (sources in the module docstring):
+
+    - SUs = ceil(hosts / (hosts_per_su - management_hosts_per_su)); every SU, the last one too,
+      gets ``rails`` leaves and ``spines_per_su`` spines.
+    - Each leaf has U = max(hosts_per_su, spines_per_su) uplink cables (non-blocking: as many up
+      as node slots down), spread round-robin so that no two spines it reaches differ by more
+      than one cable.
+    - Two tiers (no core): one spine-leaf group, every leaf cabled to every spine of the fabric,
+      as the [H100 RA] builds up to 4 SUs and the [B200 RA] up to 8. This needs
+      SUs x spines_per_su <= U (a leaf cannot reach more spines than it has uplinks).
+    - Three tiers (core): each SU is its own spine-leaf group (leaves cabled to their SU's
+      spines only); spine k of every SU has as many core-facing cables as leaf-facing ones and
+      connects to every switch of core group k. There are ``spines_per_su`` core groups of
+      G = min(u, ceil(SUs x u / 64)) switches, u being the spine's uplink count: a core has the
+      64 ports of a QM9700 while SUs x u <= 64 x u, i.e. up to 64 SUs; beyond that G stays at u
+      and each core's port count grows with the SUs (the RA stops at 64 SUs).
+      At the defaults (8 rails, 32 slots, 4 spines per SU) u = 64 and cores = 4 x SUs:
+      64 core switches at 16 SUs and 256 at 64 SUs, the [B200 RA]'s counts; its 8 spines per SU
+      are ``spines_per_su=8`` (same core count, u = 32).
+    - ``core=None`` (auto): a core tier from :data:`CORE_MIN_SUS` (16) SUs on, and whenever a
+      two-tier fabric cannot be cabled (more than U spines: from 9 SUs at the defaults).
+
+    Cable counts grow linearly with the fleet: leaf-spine = leaves x U, spine-core <= spines x u.
+
+    Raises ValueError for sizes < 1 (spines_per_su < 0), ``management_hosts_per_su`` not below
+    ``hosts_per_su``, ``core=True`` without spines, or ``core=False`` when two tiers cannot be
+    cabled.
+    """
+    if hosts < 1 or rails < 1 or hosts_per_su < 1 or spines_per_su < 0:
+        raise ValueError("hosts, rails, hosts_per_su must be >= 1; spines_per_su >= 0")
+    if not 0 <= management_hosts_per_su < hosts_per_su:
+        raise ValueError(
+            f"management_hosts_per_su must be 0..{hosts_per_su - 1} (below hosts_per_su), "
+            f"got {management_hosts_per_su}"
+        )
+    per_su = hosts_per_su - management_hosts_per_su
+    sus = -(-hosts // per_su)
+    leaves = sus * rails
+    spines = sus * spines_per_su
+    uplinks = max(hosts_per_su, spines_per_su) if spines_per_su else 0
+    two_tier_ok = spines <= uplinks
+    if core is None:
+        core = spines_per_su > 0 and (sus >= CORE_MIN_SUS or not two_tier_ok)
+    elif core and spines_per_su == 0:
+        raise ValueError("a core tier needs spines (spines_per_su >= 1)")
+    elif not core and not two_tier_ok:
+        raise ValueError(
+            f"two tiers cannot be cabled: every leaf would need a cable to each of {spines} "
+            f"spines but has {uplinks} uplinks; add the core tier or use fewer spines per SU"
+        )
+    spine_up = groups = per_group = spine_core = 0
+    if core:
+        spine_up = -(-rails * uplinks // spines_per_su)  # the busiest spine's downlinks
+        spine_min = rails * uplinks // spines_per_su
+        groups = spines_per_su
+        per_group = max(1, min(spine_min, math.ceil(sus * spine_up / SWITCH_PORTS)))
+        spine_core = sus * rails * uplinks  # every leaf-facing cable has a core-facing twin
+    return RailOptimizedShape(
+        hosts=hosts,
+        rails=rails,
+        hosts_per_su=hosts_per_su,
+        management_hosts_per_su=management_hosts_per_su,
+        sus=sus,
+        spines_per_su=spines_per_su,
+        core=core,
+        leaves=leaves,
+        spines=spines,
+        leaf_uplinks=uplinks,
+        spine_uplinks=spine_up,
+        core_groups=groups,
+        cores_per_group=per_group,
+        host_leaf_cables=hosts * rails,
+        leaf_spine_cables=leaves * uplinks,
+        spine_core_cables=spine_core,
+    )
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _rail_subnet_size(prefix: ipaddress.IPv4Network, hosts: int, rails: int) -> int:
+    """Size of one rail's subnet (a power of two >= 256 holding hosts + network + broadcast)."""
+    size = max(256, _pow2_at_least(hosts + 2))
+    if size * rails > prefix.num_addresses:
+        raise ValueError(
+            f"rail prefix {prefix} too small: {rails} rails x {size} addresses for {hosts} hosts"
+        )
+    return size
+
+
+def _endpoint_block(prefix: ipaddress.IPv4Network, hosts: int, gpus: int) -> int:
+    """Addresses per host in the endpoint prefix: 256 when it fits, else the largest power of two
+    that fits all hosts while keeping .0 and .255 unused (needs a block > gpus)."""
+    block = 256
+    while block * hosts > prefix.num_addresses and block // 2 > gpus:
+        block //= 2
+    if block * hosts > prefix.num_addresses:
+        raise ValueError(f"endpoint prefix {prefix} too small for {hosts} hosts x {gpus} GPUs")
+    return block
+
+
+def _spread(cables: int, targets: int, offset: int) -> list[int]:
+    """Cables per target when ``cables`` go round-robin over ``targets`` starting at ``offset``:
+    counts differ by at most one, and consecutive offsets balance the targets' totals."""
+    base, extra = divmod(cables, targets)
+    return [base + (1 if (t - offset) % targets < extra else 0) for t in range(targets)]
+
+
+def generate_rail_optimized(
+    *,
+    hosts: int = 32,
+    rails: int = 8,
+    gpus_per_host: int | None = None,
+    hosts_per_su: int = 32,
+    management_hosts_per_su: int = 0,
+    spines_per_su: int = 4,
+    core: bool | None = None,
+    endpoint_prefix: str = "10.200.0.0/16",
+    rail_prefix: str = "10.100.0.0/16",
+    host_name: str = "gpu{h:03d}",
+    netdev: str = "rail{r}",
+    hca: str = "mlx5_{r}",
+    numa_split: bool = True,
+    name: str | None = None,
+) -> Fabric:
+    """A rail-optimized fabric of ``hosts`` compute hosts after the DGX SuperPOD reference
+    architectures (module docstring), NDR 400 Gb/s on every cable.
+
+    Switches (tiers and counts: :func:`rail_optimized_shape`):
+
+    - leaf ``su{s}-leaf{r}`` (``role="leaf"``, ``rail=r``, ``su=s``): every host of SU s cables
+      its rail-r HCA to it (one ``host-leaf`` link per host and rail);
+    - spine ``su{s}-spine{k}`` (``role="spine"``, ``su=s``), k < ``spines_per_su``;
+    - core ``cg{k}-core{j}`` (``role="spine"``, ``su=None``): switch j of core group k, present
+      with the core tier.
+
+    Links are one per cable: each leaf has ``leaf_uplinks`` ``leaf-spine`` links (rail = the
+    leaf's), spread evenly over its spines; with the core tier each spine has as many
+    ``spine-spine`` links to its core group (a = spine, b = core). Parallel cables are equal
+    :class:`Link` records.
+
+    Hosts fill SUs in order: host h is in SU h // (hosts_per_su - management_hosts_per_su); the
+    last ``management_hosts_per_su`` slots of every SU stay empty (the RA gives one slot to the
+    UFM appliance; its node counts, 31/63/95/127, reserve one slot per fabric, not per SU).
+    Host h is named ``host_name.format(h=h)``; the HCA of rail r is ``hca.format(r=r)`` port 1,
+    netdev ``netdev.format(r=r)``. ``gpus_per_host`` defaults to ``rails``. With ``numa_split``
+    rails and GPUs in the lower half are on NUMA node 0 and the rest on node 1, as on DGX H100
+    (two sockets, each with four GPUs and four of the eight ConnectX-7 compute NICs); otherwise
+    all are on node 0.
+
+    Address layout (matches the namespace lab for up to 254 hosts; independent of SUs and
+    management slots):
+
+    - rail r, host h: ``rail_prefix`` is cut into one subnet per rail of ``size`` addresses,
+      ``size`` = max(256, next power of two >= hosts + 2); host h is the (h+1)-th address of rail
+      r's subnet. For <= 254 hosts that is ``10.100.r.(h+1)`` in ``10.100.r.0/24``; for 2,000 hosts
+      each rail gets a /21 (``10.100.(8r).0/21``); a /16 holds 8 rails of up to 8,190 hosts.
+    - endpoint of host h, GPU g: ``endpoint_prefix`` + h * block + g + 1 with block = 256 while
+      hosts * 256 fits the prefix (``10.200.h.(g+1)``), else halved until it fits (>= gpus + 1),
+      e.g. 32 per host for 2,048 hosts in a /16, which holds up to 4,096 hosts of 8 GPUs.
+      Endpoints never end in .0 or .255.
+
+    Raises ValueError on bad sizes (see :func:`rail_optimized_shape`), more than 64 rails or GPUs
+    per host, or prefixes too small for the requested size.
+    """
+    gpus = rails if gpus_per_host is None else gpus_per_host
+    if gpus < 0:
+        raise ValueError("gpus_per_host must be >= 0")
+    if rails > 64 or gpus > MAX_ENDPOINTS_PER_HOST:
+        raise ValueError("at most 64 rails and 64 GPUs per host")
+    shape = rail_optimized_shape(
+        hosts=hosts,
+        rails=rails,
+        hosts_per_su=hosts_per_su,
+        management_hosts_per_su=management_hosts_per_su,
+        spines_per_su=spines_per_su,
+        core=core,
+    )
+    rnet = ipaddress.IPv4Network(rail_prefix)
+    enet = ipaddress.IPv4Network(endpoint_prefix)
+    rsize = _rail_subnet_size(rnet, hosts, rails)
+    block = _endpoint_block(enet, hosts, gpus)
+    return Fabric(
+        name=name or f"rail-optimized-{hosts}x{rails}",
+        hosts=_hosts(
+            hosts, rails, gpus, rnet, enet, rsize, block, host_name, netdev, hca, numa_split
+        ),
+        switches=_switches(shape),
+        links=_host_links(shape, host_name, hca) + _fabric_links(shape),
+    )
+
+
+def _hosts(
+    hosts: int,
+    rails: int,
+    gpus: int,
+    rnet: ipaddress.IPv4Network,
+    enet: ipaddress.IPv4Network,
+    rsize: int,
+    block: int,
+    host_name: str,
+    netdev: str,
+    hca: str,
+    numa_split: bool,
+) -> list[HostInventory]:
+    rbase = int(rnet.network_address)
+    ebase = int(enet.network_address)
+
+    def numa(i: int, n: int) -> int:
+        return (0 if i < n / 2 else 1) if numa_split else 0
+
+    rail_numa = [numa(r, rails) for r in range(rails)]
+    gpu_numa = [numa(g, gpus) for g in range(gpus)]
+    hca_names = [hca.format(r=r) for r in range(rails)]
+    netdevs = [netdev.format(r=r) for r in range(rails)]
+    IP = ipaddress.IPv4Address
+    return [
+        HostInventory(
+            host=host_name.format(h=h),
+            hcas=[
+                HCAInfo(
+                    hca=hca_names[r],
+                    port=1,
+                    rail=r,
+                    link_layer=LinkLayer.INFINIBAND,
+                    netdev=netdevs[r],
+                    numa_node=rail_numa[r],
+                    address=IP(rbase + r * rsize + h + 1),
+                )
+                for r in range(rails)
+            ],
+            endpoints=[IP(ebase + h * block + g + 1) for g in range(gpus)],
+            gpu_numa=gpu_numa,
+        )
+        for h in range(hosts)
+    ]
+
+
+def _leaf(s: int, r: int) -> str:
+    return f"su{s}-leaf{r}"
+
+
+def _spine(s: int, k: int) -> str:
+    return f"su{s}-spine{k}"
+
+
+def _core(k: int, j: int) -> str:
+    return f"cg{k}-core{j}"
+
+
+def _switches(shape: RailOptimizedShape) -> list[Switch]:
+    out = [
+        Switch(name=_leaf(s, r), role="leaf", rail=r, su=s)
+        for s in range(shape.sus)
+        for r in range(shape.rails)
+    ]
+    out += [
+        Switch(name=_spine(s, k), role="spine", su=s)
+        for s in range(shape.sus)
+        for k in range(shape.spines_per_su)
+    ]
+    out += [
+        Switch(name=_core(k, j), role="spine")
+        for k in range(shape.core_groups)
+        for j in range(shape.cores_per_group)
+    ]
+    return out
+
+
+def _host_links(shape: RailOptimizedShape, host_name: str, hca: str) -> list[Link]:
+    per_su = shape.compute_hosts_per_su
+    ends = [f"{hca.format(r=r)}/1" for r in range(shape.rails)]
+    return [
+        Link(
+            a=f"{host_name.format(h=h)}:{ends[r]}",
+            b=_leaf(h // per_su, r),
+            kind="host-leaf",
+            rail=r,
+            rate_gbps=NDR_GBPS,
+        )
+        for h in range(shape.hosts)
+        for r in range(shape.rails)
+    ]
+
+
+def _fabric_links(shape: RailOptimizedShape) -> list[Link]:
+    """Leaf-spine and spine-core cables. Parallel cables share one (frozen) Link object."""
+    links: list[Link] = []
+    up = shape.leaf_uplinks
+    if not up:
+        return links
+    # spine -> cables from each leaf; spine downlinks, for the core tier
+    spine_down: dict[str, int] = {}
+    for s in range(shape.sus):
+        if shape.core:
+            spines = [_spine(s, k) for k in range(shape.spines_per_su)]
+        else:
+            spines = [_spine(t, k) for t in range(shape.sus) for k in range(shape.spines_per_su)]
+        for r in range(shape.rails):
+            # within a SU leaf r starts where leaf r-1 ended: spines' totals stay within one
+            offset = ((r if shape.core else s * shape.rails + r) * up) % len(spines)
+            leaf = _leaf(s, r)
+            for spine, n in zip(spines, _spread(up, len(spines), offset), strict=True):
+                if n:
+                    link = Link(a=leaf, b=spine, kind="leaf-spine", rail=r, rate_gbps=NDR_GBPS)
+                    links.extend([link] * n)
+                    spine_down[spine] = spine_down.get(spine, 0) + n
+    if not shape.core:
+        return links
+    g = shape.cores_per_group
+    for s in range(shape.sus):
+        for k in range(shape.spines_per_su):
+            spine = _spine(s, k)
+            n_up = spine_down[spine]
+            for j, n in enumerate(_spread(n_up, g, (s * n_up) % g)):
+                link = Link(a=spine, b=_core(k, j), kind=SPINE_CORE_KIND, rate_gbps=NDR_GBPS)
+                links.extend([link] * n)
+    return links
