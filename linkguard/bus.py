@@ -41,6 +41,18 @@ class Will:
 Handler = Callable[[BusMessage], Awaitable[None]]
 
 
+def _reraise_lost_cancel() -> None:
+    """Raise CancelledError when the current task is being cancelled but got here anyway.
+
+    On Python 3.11, ``asyncio.wait_for`` (used inside aiomqtt's publish) can swallow a
+    cancellation that arrives as the awaited operation completes (CPython gh-86296, fixed in
+    3.12): the task then carries on and waits forever in its next await, and SIGTERM never
+    stops the daemon. Checked after every await into aiomqtt."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Bus:
     """One MQTT session that reconnects by itself.
 
@@ -110,8 +122,15 @@ class Bus:
         try:
             await client.publish(topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError as exc:
-            log.warning("bus_publish_failed", topic=topic, error=str(exc))
+            _reraise_lost_cancel()
+            log.warning(
+                "bus_publish_failed",
+                topic=topic,
+                error=str(exc),
+                broker=f"{self._host}:{self._port}",
+            )
             return False
+        _reraise_lost_cancel()
         return True
 
     async def run(self) -> None:
@@ -161,6 +180,7 @@ class Bus:
                         await self._handler(
                             BusMessage(str(message.topic), bytes(payload), bool(message.retain))
                         )
+                        _reraise_lost_cancel()
             except aiomqtt.MqttError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -171,7 +191,11 @@ class Bus:
                 lo, hi = self._backoff
                 delay = random.uniform(lo, min(hi, lo * 2**attempt))
                 log.warning(
-                    "bus_disconnected", error=str(exc), retry_in_s=round(delay, 2), attempt=attempt
+                    "bus_disconnected",
+                    broker=f"{self._host}:{self._port}",
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                    attempt=attempt,
                 )
             finally:
                 self._client = None
