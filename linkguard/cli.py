@@ -411,8 +411,9 @@ def _daemon(args: argparse.Namespace) -> int:
         return 0
     from linkguard.topology.service import run_service
 
-    if args.fabric:
+    if args.fabric:  # the command line wins over a generate: section in the config file
         overrides["fabric"] = args.fabric
+        overrides["generate"] = None
     service_settings = load_settings(ServiceSettings, args.config, **overrides)
     configure_logging(service_settings.log_format, service_settings.log_level)
     asyncio.run(run_service(service_settings))

@@ -191,7 +191,9 @@ class ServiceSettings(_Base):
     )
 
     fabric: Path | None = Field(None, description="fabric file (JSON/YAML); None = generate")
-    generate: GeneratorSettings = GeneratorSettings()
+    generate: GeneratorSettings | None = Field(
+        None, description="generator parameters, when there is no fabric file"
+    )
     debounce_ms: float = Field(
         50.0,
         ge=0,
@@ -201,7 +203,7 @@ class ServiceSettings(_Base):
 
     @model_validator(mode="after")
     def _one_fabric_source(self) -> ServiceSettings:
-        if self.fabric is not None and "generate" in self.model_fields_set:
+        if self.fabric is not None and self.generate is not None:
             raise ValueError("give either fabric (a file) or generate (parameters), not both")
         return self
 

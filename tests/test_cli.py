@@ -268,3 +268,13 @@ def test_fabric_show_imports_ibnetdiscover(fixtures_real: Path, capsys) -> None:
     assert "rails inferred" in out.err
     with pytest.raises(SystemExit):
         main(["fabric", "show", "--generate", "--guid-map", str(x5 / "X5.map")])
+
+
+def test_fabric_option_wins_over_generate_in_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text("generate: {hosts: 2}\n")
+    bad = tmp_path / "fabric.yaml"
+    bad.write_text("name: x\nhosts: []\n")
+    out = _cli("topology", "serve", "-c", str(cfg), "--fabric", str(bad), "--broker", "127.0.0.1:9")
+    assert out.returncode == 2
+    assert "not both" not in out.stderr and "fabric.yaml" in out.stderr

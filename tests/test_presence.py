@@ -54,15 +54,25 @@ def _agent(port: int, tmp: Path, host: str, **update) -> Agent:
 
 @pytest.mark.real
 async def test_second_agent_with_the_same_host_name_stops(mosquitto, tmp_path: Path) -> None:
+    bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
+    service = TopologyService(ServiceSettings(bus=bus, startup_settle_s=0), fabric=FABRIC)
+    ts = asyncio.create_task(service.run())
     first = _agent(mosquitto.port, tmp_path / "a", "gpu000")
     t1 = asyncio.create_task(first.run())
-    await first.bus.wait_connected(10)
+    first.source.link_down("mlx5_1")  # the real host has rail 1 down
+    await until(lambda: service.state.unusable() == {"gpu000": frozenset({1})}, "rail 1 down")
+    # a clone (same host name, all links up) starts: it must not tell the service otherwise
     second = _agent(mosquitto.port, tmp_path / "b", "gpu000")
     dup = pytest.raises(DuplicateHostError, match="another agent is running as host 'gpu000'")
     with capture_logs() as logs, dup:
         await asyncio.wait_for(second.run(), 15)
     assert not t1.done()  # the first one keeps the host
     assert any(e["event"] == "duplicate_host" and "keeping" in e["action"] for e in logs)
+    assert not [e for e in logs if e["event"] == "port_usability_changed"]
+    assert service.state.unusable() == {"gpu000": frozenset({1})}
+    assert second.table.routes == {}  # the clone withdrew the other machine's routes
+    service.stop()
+    await asyncio.wait_for(ts, 10)
     got: list[BusMessage] = []
 
     async def handler(m: BusMessage) -> None:

@@ -142,11 +142,23 @@ class Fabric(_Model):
             if s.name in switches or s.name in seen:
                 raise ValueError(f"duplicate switch name {s.name!r}")
             switches.add(s.name)
-        ports = {f"{h.host}:{c.key}" for h in self.hosts for c in h.hcas}
+        ports = {f"{h.host}:{c.key}": c for h in self.hosts for c in h.hcas}
+        leaf_rail = {s.name: s.rail for s in self.switches if s.role == "leaf"}
         for i, link in enumerate(self.links):
             for end in (link.a, link.b):
                 if end not in switches and end not in ports:
                     raise ValueError(f"links[{i}]: unknown end {end!r} (no such switch or port)")
+            if link.kind != "host-leaf":
+                continue
+            hca = ports.get(link.a) or ports.get(link.b)
+            leaf = link.b if link.a in ports else link.a
+            rails = {"link": link.rail, "leaf": leaf_rail.get(leaf)}
+            for what, rail in rails.items():
+                if hca is not None and rail is not None and rail != hca.rail:
+                    raise ValueError(
+                        f"links[{i}] {link.a} - {link.b}: the HCA is on rail {hca.rail} but "
+                        f"the {what} says rail {rail} (cabled to another rail's leaf?)"
+                    )
         self._by_name = seen
         return self
 

@@ -57,7 +57,7 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
     a fabric nobody described) and :class:`FabricError` for a bad file."""
     if settings.fabric is not None:
         return load_fabric(settings.fabric)
-    if "generate" not in settings.model_fields_set:
+    if settings.generate is None:
         raise ConfigError(
             "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
             "section in the config"
@@ -164,15 +164,9 @@ class TopologyService:
         if parsed.kind == "service_status":
             await self._on_service_status(msg)
             return
-        if parsed.kind not in ("plan", "ack") and parsed.host not in self.state.host_names:
-            self._warn_once(
-                "host_not_in_fabric",
-                parsed.host,
-                host=parsed.host,
-                fabric=self.fabric.name,
-                hint="agent host name missing from the fabric file: no plans for it",
-            )
-            return
+        unknown_host = parsed.host not in self.state.host_names
+        if unknown_host and parsed.kind != "status":
+            return  # nothing to plan for a host the fabric does not list
         try:
             obj = decode(
                 _DECODERS[parsed.kind],
@@ -190,6 +184,18 @@ class TopologyService:
                 detail=exc.detail[:300],
                 bytes=len(msg.payload),
             )
+            return
+        if unknown_host:
+            # retained messages of hosts that left stay on the broker: only an agent that says
+            # it is online now is worth a warning
+            if isinstance(obj, HostStatus) and obj.online:
+                self._warn_once(
+                    "host_not_in_fabric",
+                    obj.host,
+                    host=obj.host,
+                    fabric=self.fabric.name,
+                    hint="agent host name missing from the fabric file: no plans",
+                )
             return
         if isinstance(obj, HostInventory):
             self._check_inventory(obj)

@@ -43,10 +43,13 @@ class RouteTableLike(Protocol):
     async def flush(self) -> None: ...
 
 
-def _atomic_write(path: Path, data: str) -> None:
+def _atomic_write(path: Path, data: str, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` via a temporary file and rename: readers see the old or the
+    new content, never a mix. ``mode``: the rail map is world-readable (jobs read it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(data)
             f.flush()
@@ -142,7 +145,7 @@ class Applier:
                 applied_at=time.time(),
             )
         self.plan = plan
-        _atomic_write(self.plan_path, plan.model_dump_json())
+        _atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
         return await self._ack(plan, t0, fast_path=False)
 
     async def port_down(self, key: str) -> Ack | None:

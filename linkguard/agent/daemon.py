@@ -34,6 +34,7 @@ from linkguard.models import (
     HostStatus,
     LinkLayer,
     Plan,
+    PortState,
     PortStatus,
     decode,
     encode,
@@ -43,6 +44,10 @@ from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "run_agent"]
 
 log = structlog.get_logger(__name__)
+
+#: After connecting, an agent waits this long (s) for a running agent with the same host name
+#: to object before it publishes its inventory and port states.
+PRESENCE_SETTLE_S = 0.3
 
 
 @dataclass
@@ -132,6 +137,9 @@ class Agent:
             configured=settings.ports,
             discovered=found,
             endpoints=settings.endpoints,
+            default_link_layer=(
+                LinkLayer.ETHERNET if settings.driver == "netlink" else LinkLayer.INFINIBAND
+            ),
         )
         if found and settings.ports:
             seen = {(d.hca, d.port) for d in found}
@@ -182,6 +190,8 @@ class Agent:
         self._deadline: float | None = None
         self._stop = asyncio.Event()
         self.duplicate: HostStatus | None = None
+        self._announcer: asyncio.Task[None] | None = None
+        self._announced = False  # states, events and acks wait for the presence check
         self.bus = Bus(
             **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
@@ -251,7 +261,10 @@ class Agent:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
-        if self.settings.shutdown_policy == "withdraw":
+        if self._announcer is not None:
+            self._announcer.cancel()
+        # a duplicate applied another machine's plans: never leave those routes behind
+        if self.settings.shutdown_policy == "withdraw" or self.duplicate is not None:
             async with self._lock:
                 await self.applier.withdraw()
             log.info("agent_withdrew_routes", table=self.settings.route_table)
@@ -271,12 +284,26 @@ class Agent:
 
     # -- bus side -------------------------------------------------------------------------
     async def _on_connect(self) -> None:
-        now_wall = time.time()
-        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        """Announce ``online``, then (after :data:`PRESENCE_SETTLE_S`, in the background) the
+        inventory and port states: an agent that turns out to be a duplicate of a running one
+        stops before it has told the service anything about "its" host."""
         await self.bus.publish(
             topics.status(self.host), encode(self._status(online=True)), retain=True
         )
-        for st in self.monitor.snapshot(wall=now_wall):
+        if self._announcer is not None:
+            self._announcer.cancel()
+        self._announced = False
+        self._announcer = asyncio.create_task(self._announce(PRESENCE_SETTLE_S), name="announce")
+
+    async def _announce(self, delay_s: float = 0.0) -> None:
+        """Publish everything the service should know of this host, from current state."""
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        if self.duplicate is not None:
+            return
+        self._announced = True
+        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        for st in self.monitor.snapshot(wall=time.time()):
             await self._publish_state(st)
         if self.last_ack is not None:
             await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
@@ -313,6 +340,8 @@ class Agent:
         await self.bus.publish(
             topics.status(self.host), encode(self._status(online=True)), retain=True
         )
+        # whatever the other published (inventory, port states) is now wrong: put ours back
+        await self._announce()
 
     async def _on_message(self, msg: BusMessage) -> None:
         parsed = topics.parse(msg.topic)
@@ -357,9 +386,12 @@ class Agent:
 
     async def _send_ack(self, ack: Ack) -> None:
         self.last_ack = ack
-        await self.bus.publish(topics.ack(self.host), encode(ack), retain=True)
+        if self._announced:  # else _announce() publishes it
+            await self.bus.publish(topics.ack(self.host), encode(ack), retain=True)
 
-    async def _publish_state(self, st) -> None:
+    async def _publish_state(self, st: PortState) -> None:
+        if not self._announced:  # _announce() publishes the current snapshot
+            return
         self.stats.states_published += 1
         await self.bus.publish(
             topics.port_state(self.host, st.hca, st.port), encode(st), retain=True
@@ -394,7 +426,8 @@ class Agent:
                 current=ev.current.value,
                 reason=ev.reason,
             )
-            await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
+            if self._announced:
+                await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
         self._deadline = out.next_deadline
         self._wake.set()
 

@@ -59,6 +59,7 @@ def build_inventory(
     configured: Sequence[PortConfig] = (),
     discovered: Sequence[DiscoveredPort] = (),
     endpoints: Sequence[ipaddress.IPv4Address] = (),
+    default_link_layer: LinkLayer = LinkLayer.INFINIBAND,
 ) -> HostInventory:
     """Merge config and discovery into a :class:`HostInventory`.
 
@@ -96,7 +97,7 @@ def build_inventory(
                     port=d.port,
                     rail=rail,
                     link_layer=(c.link_layer if c and c.link_layer else d.link_layer)
-                    or LinkLayer.INFINIBAND,
+                    or default_link_layer,
                     netdev=(c.netdev if c and c.netdev else d.netdev),
                     pci_address=d.pci_address,
                     numa_node=(c.numa_node if c and c.numa_node is not None else d.numa_node),

@@ -391,6 +391,17 @@ class PortMonitor:
         if obs.netdev is not None:
             p.netdev = obs.netdev
         verdict = raw_usability(obs, link_layer=p.link_layer)
+        if not obs.present and p.raw is None:
+            # never seen: a configuration mistake (a netdev or HCA name typo), not a fault that
+            # should move traffic; a device that was there and vanished is a fault (DOWN)
+            self._log_once(
+                p,
+                "absent",
+                error=verdict.reason,
+                hint="check ports[].hca / ports[].netdev in the config",
+            )
+            p.unreadable = verdict.reason
+            return
         if verdict.usable is None:
             p.unreadable = verdict.reason
             return

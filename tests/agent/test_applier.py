@@ -42,6 +42,7 @@ async def test_apply_fast_path_and_withdraw(tmp_path: Path) -> None:
     # reconcile of the table
     assert (table.reconciles, table.updates, table.changes - changes) == (1, 1, 2)
     assert '"nccl_ib_hca": "=mlx5_1:1"' in (tmp_path / "rail-map.json").read_text()
+    assert (tmp_path / "rail-map.json").stat().st_mode & 0o777 == 0o644  # jobs are not root
     await a.withdraw()
     assert table.routes == {} and not (tmp_path / "rail-map.json").exists()
 

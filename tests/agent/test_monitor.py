@@ -318,3 +318,16 @@ def test_vanished_device_is_down_not_unknown(mon):
     out = mon.observe([gone], now=5.0, wall=1005.0)
     assert transitions(out) == ["up->down"]
     assert out.states[0].reason == "absent: mlx5_0/ports/1: ENOENT (device removed)"
+
+
+def test_never_seen_device_is_a_config_mistake_not_a_fault(mon):
+    """A configured netdev/HCA that never existed (a typo) must not reroute anything; once it
+    appears it is used, and only when it vanishes after that is it a fault."""
+    typo = PortObservation(
+        hca="mlx5_0", port=1, monotonic=0.0, present=False, errors=("netdev rail9 not found",)
+    )
+    out = mon.observe([typo], now=0.0, wall=1000.0)
+    assert out.events == []
+    assert mon.state("mlx5_0/1").status == PortStatus.UNKNOWN
+    assert transitions(mon.observe([ib("ACTIVE")], now=1.0, wall=1001.0)) == ["unknown->up"]
+    assert transitions(mon.observe([typo], now=2.0, wall=1002.0)) == ["up->down"]

@@ -6,6 +6,7 @@ import ipaddress
 import json
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from linkguard.models import HostInventory
@@ -111,3 +112,14 @@ def test_bad_paths(tmp_path) -> None:
     (tmp_path / "f.json").write_text("{not json")
     with pytest.raises(FabricError, match="not valid JSON"):
         load_fabric(tmp_path / "f.json")
+
+
+def test_hca_rail_must_match_its_leaf(tmp_path) -> None:
+    from linkguard.topology.fabric import FabricError, dump_fabric, generate_rail_optimized
+
+    doc = yaml.safe_load(dump_fabric(generate_rail_optimized(hosts=2, rails=2), "yaml"))
+    doc["hosts"][1]["hcas"][0]["rail"] = 7
+    bad = tmp_path / "f.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FabricError, match="HCA is on rail 7 but the link says rail 0"):
+        load_fabric(bad)
