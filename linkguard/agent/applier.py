@@ -25,7 +25,7 @@ from linkguard.agent.plans import PlanRefused, check_plan, effective, rail_map
 from linkguard.drivers.routes import KernelRoute, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, Plan, decode
 
-__all__ = ["Applier", "RouteTableLike"]
+__all__ = ["Applier", "RouteTableLike", "atomic_write"]
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +43,7 @@ class RouteTableLike(Protocol):
     async def flush(self) -> None: ...
 
 
-def _atomic_write(path: Path, data: str, *, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temporary file and rename: readers see the old or the
     new content, never a mix. ``mode``: the rail map is world-readable (jobs read it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ class Applier:
                 applied_at=time.time(),
             )
         self.plan = plan
-        _atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
+        atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
         return await self._ack(plan, t0, fast_path=False)
 
     async def port_down(self, key: str) -> Ack | None:
@@ -216,7 +216,7 @@ class Applier:
             self.last_result = await self.table.update(upsert, remove)
         failed = {d for d, _ in self.last_result.errors}
         self.installed = {d: r for d, r in desired.items() if d not in failed}
-        _atomic_write(
+        atomic_write(
             self.rail_map_path,
             json.dumps(rail_map(self.host, self.plan.epoch, eff), indent=2) + "\n",
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from linkguard import __version__, topics
-from linkguard.agent.applier import Applier, RouteTableLike
+from linkguard.agent.applier import Applier, RouteTableLike, atomic_write
 from linkguard.agent.inventory import DiscoveredPort, build_inventory
 from linkguard.agent.monitor import MonitorOutput, PortMonitor
 from linkguard.bus import Bus, BusMessage, Will
@@ -175,6 +176,8 @@ class Agent:
                 table = MemoryRouteTable()
         self.table = table
         self.monitor = PortMonitor(host=self.host, policy=settings.damping, rails=self.rails)
+        self._history_path = settings.state_dir / "damping.json"
+        self._restore_history()
         self.applier = Applier(
             host=self.host,
             table=table,
@@ -269,6 +272,36 @@ class Agent:
                 await self.applier.withdraw()
             log.info("agent_withdrew_routes", table=self.settings.route_table)
         log.info("agent_stopped", host=self.host)
+
+    def _restore_history(self) -> None:
+        """Flap history of the previous run: a restart must not bypass a hold-down."""
+        try:
+            doc = json.loads(self._history_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("damping_history_unreadable", path=str(self._history_path), error=str(exc))
+            return
+        if not isinstance(doc, dict):
+            log.warning(
+                "damping_history_unreadable",
+                path=str(self._history_path),
+                error="not a JSON object",
+            )
+            return
+        restored = self.monitor.restore(doc, now=time.monotonic(), wall=time.time())
+        if restored:
+            log.info("damping_history_restored", ports=restored)
+
+    def _save_history(self) -> None:
+        try:
+            atomic_write(
+                self._history_path,
+                json.dumps(self.monitor.history(now=time.monotonic(), wall=time.time())),
+                mode=0o600,
+            )
+        except OSError as exc:
+            log.warning("damping_history_not_saved", path=str(self._history_path), error=str(exc))
 
     async def _expect_plan(self, after_s: float = 30.0) -> None:
         """Warn (once) when no plan arrived: the host is unprotected until one does."""
@@ -428,6 +461,8 @@ class Agent:
             )
             if self._announced:
                 await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
+        if out.events:
+            self._save_history()
         self._deadline = out.next_deadline
         self._wake.set()
 

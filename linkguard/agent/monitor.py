@@ -354,6 +354,82 @@ class PortMonitor:
         seq = p.published.seq if p.published is not None else 0
         return self._build(p, now, self._wall, seq)
 
+    # -- history across restarts -------------------------------------------------------------
+    def history(self, *, now: float, wall: float) -> dict[str, dict[str, object]]:
+        """The damping history worth keeping across an agent restart, per ``"hca/port"``:
+        whether the port was usable, its flap count, hold-down and penalty, with every time as
+        wall-clock seconds (monotonic time does not survive a restart). Ports with no history
+        (up, never flapped) are left out."""
+        off = wall - now
+
+        def w(t: float | None) -> float | None:
+            return None if t is None else t + off
+
+        out: dict[str, dict[str, object]] = {}
+        for key, p in self._ports.items():
+            if p.raw is None or (
+                p.raw
+                and p.flaps == 0
+                and p.hold_until is None
+                and not p.suppressed
+                and p.penalty == 0
+            ):
+                continue
+            out[key] = {
+                "raw": p.raw,
+                "flaps": p.flaps,
+                "hold_s": p.hold_s,
+                "penalty": p.penalty,
+                "suppressed": p.suppressed,
+                "last_flap": w(p.last_flap),
+                "hold_until": w(p.hold_until),
+                "penalty_at": w(p.penalty_at),
+                "reuse_at": w(p.reuse_at),
+            }
+        return out
+
+    def restore(
+        self, history: Mapping[str, Mapping[str, object]], *, now: float, wall: float
+    ) -> list[str]:
+        """Take back a :meth:`history` saved by the previous agent, before the first reading: a
+        port that was down or held down when it stopped is not UP at once when the new agent
+        starts, it is held down as its history says (a crash loop must not bypass damping).
+        History older than the quiet period is dropped; a malformed entry is logged and
+        ignored. Returns the ports restored."""
+        off = wall - now
+        restored = []
+        for key, h in history.items():
+            try:
+                hca, _, port = key.partition("/")
+                PortRef(host=self.host, hca=hca, port=int(port))
+
+                def m(field: str, h: Mapping[str, object] = h) -> float | None:
+                    v = h.get(field)
+                    return None if v is None else float(v) - off  # type: ignore[arg-type]
+
+                last_flap = m("last_flap")
+                if last_flap is not None and now >= last_flap + self.policy.quiet_period_s:
+                    continue
+                p = _Port(hca=hca, port=int(port), rail=self._rails.get(key))
+                p.raw = bool(h["raw"])
+                p.raw_reason = None if p.raw else "down before restart"
+                p.flaps = int(h["flaps"])  # type: ignore[call-overload]
+                p.last_flap = last_flap
+                p.hold_s = float(h["hold_s"])  # type: ignore[arg-type]
+                p.hold_until = m("hold_until")
+                p.penalty = float(h["penalty"])  # type: ignore[arg-type]
+                p.penalty_at = m("penalty_at") or now
+                p.suppressed = bool(h["suppressed"])
+                p.reuse_at = m("reuse_at")
+            except (KeyError, TypeError, ValueError, ValidationError) as exc:
+                log.warning(
+                    "damping_history_ignored", host=self.host, port=key, error=str(exc)[:200]
+                )
+                continue
+            self._ports[key] = p
+            restored.append(key)
+        return restored
+
     # -- observation --------------------------------------------------------------------------
     def _advance_clock(self, now: float, wall: float) -> float:
         if not math.isfinite(now):

@@ -194,3 +194,40 @@ def test_cycling_port_with_penalty_defaults():
     assert mon.state(KEY).damping.penalty == pytest.approx(decay(p, 13.0), rel=1e-12)
     assert mon.tick(now=reuse_at - 0.01, wall=WALL).events == []
     assert events(mon.tick(now=out.next_deadline, wall=WALL)) == ["suppressed->up"]
+
+
+def test_history_survives_a_restart():
+    """An agent restarted while a port is held down keeps it held down (a crash loop must not
+    bypass damping); the saved history is wall-clock based."""
+    pol = DampingPolicy(hold_down_initial_s=10, hold_down_max_s=300, quiet_period_s=600)
+    first = PortMonitor(host="gpu-01", policy=pol)
+    t = 0.0
+    first.observe([ib("ACTIVE")], now=t, wall=5000 + t)
+    for _ in range(3):  # three flaps: hold-down 10 -> 20 -> 40 s
+        t += 1
+        first.observe([ib("DOWN", "Polling")], now=t, wall=5000 + t)
+        t += 1
+        first.observe([ib("ACTIVE")], now=t, wall=5000 + t)
+    assert first.state("mlx5_0/1").status == PortStatus.HELD_DOWN
+    saved = first.history(now=t, wall=5000 + t)  # t = 6: held until 6 + 40 = 46
+    assert saved["mlx5_0/1"]["flaps"] == 3 and saved["mlx5_0/1"]["hold_until"] == 5046.0
+
+    # a new process: another monotonic origin, 5 s of wall time later
+    second = PortMonitor(host="gpu-01", policy=pol)
+    assert second.restore(saved, now=100.0, wall=5011.0) == ["mlx5_0/1"]
+    out = second.observe([ib("ACTIVE")], now=100.0, wall=5011.0)
+    assert events(out) == ["unknown->held_down"]
+    assert out.next_deadline == 135.0  # 5046 - 5011 = 35 s left
+    assert events(second.tick(now=135.0, wall=5046.0)) == ["held_down->up"]
+
+    # down at shutdown: held down on return, for the backoff of its 3 flaps (40 s)
+    saved["mlx5_0/1"]["raw"] = False
+    third = PortMonitor(host="gpu-01", policy=pol)
+    third.restore(saved, now=0.0, wall=5011.0)
+    out = third.observe([ib("ACTIVE")], now=0.0, wall=5011.0)
+    assert events(out) == ["unknown->held_down"] and out.next_deadline == 40.0
+
+    # history older than the quiet period is forgotten; garbage is ignored
+    late = PortMonitor(host="gpu-01", policy=pol)
+    assert late.restore(saved, now=0.0, wall=5000 + 6 + 601) == []
+    assert late.restore({"mlx5_0/1": {"raw": True}, "bad key": {}}, now=0.0, wall=1.0) == []
