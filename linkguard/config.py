@@ -277,4 +277,9 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
         )
         raise ConfigError(f"bad {cls.__name__} value{where}: {details}") from None
     except Exception as exc:  # YAML syntax errors surface from the source as plain errors
+        if "EnvSettingsSource" in str(exc):
+            raise ConfigError(
+                f"bad LINKGUARD_* environment value: {exc}; lists and sections are JSON, e.g. "
+                """LINKGUARD_ENDPOINTS='["10.200.3.1","10.200.3.2"]'"""
+            ) from None
         raise ConfigError(f"cannot read config {path}: {exc}") from None

@@ -278,3 +278,11 @@ def test_fabric_option_wins_over_generate_in_config(tmp_path: Path) -> None:
     out = _cli("topology", "serve", "-c", str(cfg), "--fabric", str(bad), "--broker", "127.0.0.1:9")
     assert out.returncode == 2
     assert "not both" not in out.stderr and "fabric.yaml" in out.stderr
+
+
+def test_env_list_must_be_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINKGUARD_ENDPOINTS", "10.200.3.1")
+    with pytest.raises(ConfigError, match=r"environment value.*JSON"):
+        load_settings(AgentSettings)
+    monkeypatch.setenv("LINKGUARD_ENDPOINTS", '["10.200.3.1"]')
+    assert [str(e) for e in load_settings(AgentSettings).endpoints] == ["10.200.3.1"]
