@@ -6,9 +6,11 @@
   linkguard fabric generate        print a rail-optimized fabric (JSON/YAML)
   linkguard fabric show            summarize a fabric (file or generator): tiers, cables, SUs
   linkguard fabric export          write a fabric as JSON, YAML or Graphviz DOT
+  linkguard fabric audit           compare the expected fabric with a dump / an observed fabric
   linkguard broker                 an embedded MQTT broker on 127.0.0.1
 
-Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration.
+Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding), 2 bad usage
+or configuration.
 """
 
 from __future__ import annotations
@@ -180,19 +182,27 @@ def _add_fabric_source(p: argparse.ArgumentParser) -> None:
 
 def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot express (exit 2 with a message naming the option)."""
-    if args.command != "fabric" or args.fabric_command not in ("show", "export"):
+    if args.command != "fabric" or args.fabric_command not in ("show", "export", "audit"):
         return
     parser = args.subparser
+    is_audit = args.fabric_command == "audit"
     if args.guid_map and not args.ibnetdiscover:
         parser.error("--guid-map goes with --ibnetdiscover")
-    if not args.generate:
+    if not (args.expected_generate if is_audit else args.generate):
         given = [
             "--" + name.replace("_", "-")
             for name in _GENERATOR_DEFAULTS
             if getattr(args, name) is not None
         ]
         if given:
-            parser.error(f"{', '.join(given)}: generator options need --generate")
+            flag = "--expected-generate" if is_audit else "--generate"
+            parser.error(f"{', '.join(given)}: generator options need {flag}")
+    if is_audit:
+        if not (args.ibnetdiscover or args.fabric):
+            parser.error(
+                "nothing observed to audit: give --ibnetdiscover DUMP and/or --fabric FILE"
+            )
+        return
     if args.fabric_command == "export":
         fmt = _export_format(args)
         if fmt is None:
@@ -311,6 +321,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="DOT only: one node per (SU, rail) instead of one per host (for big fabrics)",
     )
     fe.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+
+    fa = fsub.add_parser(
+        "audit",
+        help="compare the expected fabric with an ibnetdiscover dump and/or an observed fabric "
+        "file: missing or extra cables, wrong rates, HCAs on another rail's leaf, duplicate "
+        "GUIDs, hosts that never reported; exit 1 on errors",
+        description="Fleet audit: compare the expected fabric (--expected FILE or "
+        "--expected-generate) with what was observed (--ibnetdiscover DUMP and/or --fabric FILE).",
+        epilog="Offline there are no agents: an expected host 'never reported' when it is absent "
+        "from every observed source (with only a dump: the hosts absent from the dump). With "
+        "both sources, each is compared and the findings are combined. Exit codes: 0 no "
+        "error-severity finding (warnings allowed), 1 at least one error, 2 bad usage or input.",
+    )
+    fa.set_defaults(subparser=fa)
+    want = fa.add_mutually_exclusive_group(required=True)
+    want.add_argument(
+        "--expected", type=Path, metavar="FILE", help="the expected fabric file (JSON/YAML)"
+    )
+    want.add_argument(
+        "--expected-generate",
+        action="store_true",
+        help="expect the generator's rail-optimized fabric (generator options below)",
+    )
+    fa.add_argument(
+        "--ibnetdiscover", type=Path, metavar="DUMP", help="observed: `ibnetdiscover` output"
+    )
+    fa.add_argument(
+        "--guid-map",
+        type=Path,
+        metavar="FILE",
+        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines)",
+    )
+    fa.add_argument(
+        "--fabric", type=Path, metavar="FILE", help="observed: a fabric file (JSON/YAML)"
+    )
+    fa.add_argument("--format", choices=["table", "json"], default="table", help="default: table")
+    fa.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    _add_generator_options(fa, defaults=False)
 
     b = sub.add_parser(
         "broker", formatter_class=fmt, help="embedded MQTT broker (amqtt) for single-machine trials"
@@ -434,6 +482,8 @@ def _fabric(args: argparse.Namespace) -> int:
     from linkguard.topology.generator import generate_rail_optimized
 
     configure_logging("console", "warning")  # stdout carries the fabric; logs go to stderr
+    if args.fabric_command == "audit":
+        return _audit(args)
     try:
         if args.fabric_command == "generate" or args.generate:
             fabric = generate_rail_optimized(**_generator_kwargs(args))
@@ -457,14 +507,61 @@ def _fabric(args: argparse.Namespace) -> int:
         text = summary_text(fabric, hosts_shown=args.show_hosts)
     else:
         text = render(fabric, _export_format(args) or "yaml", aggregate=args.aggregate)
-    if not args.output:
+    return _write(args.output, text)
+
+
+def _write(output: Path | None, text: str) -> int:
+    """``text`` to ``output`` or stdout; 0, or 1 when the file cannot be written."""
+    if not output:
         sys.stdout.write(text)
         return 0
     try:
-        args.output.write_text(text, encoding="utf-8")
+        output.write_text(text, encoding="utf-8")
     except OSError as exc:
-        return _fail(f"cannot write {args.output}: {exc.strerror or exc}", 1)
+        return _fail(f"cannot write {output}: {exc.strerror or exc}", 1)
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    """``fabric audit``: 0 without error findings, 1 with (or when the output cannot be
+    written), 2 for a bad expected fabric, dump, GUID map or observed fabric file."""
+    from linkguard.topology.audit import audit, format_json, format_table, sort_findings
+    from linkguard.topology.fabric import Fabric, load_fabric
+    from linkguard.topology.generator import generate_rail_optimized
+    from linkguard.topology.ibnetdiscover import import_ibnetdiscover
+
+    observed: list[tuple[Fabric, dict[str, str] | None]] = []
+    try:
+        if args.expected_generate:
+            expected = generate_rail_optimized(**_generator_kwargs(args))
+        else:
+            expected = load_fabric(args.expected)
+        if args.ibnetdiscover:
+            imported = import_ibnetdiscover(args.ibnetdiscover, guid_map=args.guid_map)
+            for line in imported.warnings:
+                print(f"linkguard: warning: {args.ibnetdiscover}: {line}", file=sys.stderr)
+            observed.append((imported.fabric, imported.guids))
+        if args.fabric:
+            observed.append((load_fabric(args.fabric), None))
+    except ValueError as exc:  # FabricError, FabricImportError, generator parameters
+        return _fail(str(exc), 2)
+    findings = []
+    for i, (fabric, guids) in enumerate(observed):
+        # with two sources a host in either has reported; host findings come from the first
+        others = {h for j, (f, _) in enumerate(observed) if j != i for h in f.host_names}
+        found = audit(
+            expected,
+            observed=fabric,
+            observed_guids=guids,
+            reported_hosts=others if len(observed) > 1 else None,
+        )
+        if i:
+            found = [f for f in found if f.kind not in ("missing_host", "unknown_host")]
+        findings += found
+    findings = sort_findings(findings)
+    text = format_json(findings) if args.format == "json" else format_table(findings)
+    code = _write(args.output, text)
+    return code or (1 if any(f.severity == "error" for f in findings) else 0)
 
 
 def _broker(args: argparse.Namespace) -> int:

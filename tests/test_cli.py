@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +287,104 @@ def test_env_list_must_be_json(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings(AgentSettings)
     monkeypatch.setenv("LINKGUARD_ENDPOINTS", '["10.200.3.1"]')
     assert [str(e) for e in load_settings(AgentSettings).endpoints] == ["10.200.3.1"]
+
+
+# --- fabric audit ------------------------------------------------------------------------------
+
+AUDIT_GEN = ["--expected-generate", "--hosts", "16", "--rails", "4", "--hosts-per-su", "8"]
+
+
+def _dump(tmp_path: Path, swap: bool = False, extra: bool = False) -> Path:
+    from linkguard.topology.fabric import Link
+    from linkguard.topology.generator import generate_rail_optimized
+    from tests.topology.ibnd_dump import as_ibnetdiscover
+
+    gen = generate_rail_optimized(hosts=16, rails=4, hosts_per_su=8)
+    links = list(gen.links)
+    if swap:  # gpu003's rail-0 and rail-1 HCAs on each other's leaves
+        links = [
+            x.model_copy(update={"b": {"su0-leaf0": "su0-leaf1", "su0-leaf1": "su0-leaf0"}[x.b]})
+            if x.a in ("gpu003:mlx5_0/1", "gpu003:mlx5_1/1")
+            else x
+            for x in links
+        ]
+    if extra:
+        links.append(Link(a="gpu099:mlx5_0/1", b="su1-leaf0", kind="host-leaf", rail=0))
+    path = tmp_path / f"dump{int(swap)}{int(extra)}.topo"
+    path.write_text(as_ibnetdiscover(gen, links=links, switch_description=None)[0])
+    return path
+
+
+def test_fabric_audit_exit_codes_and_table(tmp_path: Path, capsys) -> None:
+    clean = ["fabric", "audit", *AUDIT_GEN, "--ibnetdiscover"]
+    assert main([*clean, str(_dump(tmp_path))]) == 0
+    assert capsys.readouterr().out == "no findings: the observed fabric matches the expected one\n"
+    assert main([*clean, str(_dump(tmp_path, swap=True))]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["SEVERITY", "KIND", "SUBJECT", "EXPECTED", "OBSERVED"]
+    assert [line.split()[:3] for line in lines[1:3]] == [
+        ["error", "wrong_rail", "gpu003:mlx5_0/1"],
+        ["error", "wrong_rail", "gpu003:mlx5_1/1"],
+    ]
+    assert lines[-1] == "2 findings (2 errors, 0 warnings): wrong_rail 2"
+    # warnings only (a host the expected fabric lacks): reported, exit 0
+    assert main([*clean, str(_dump(tmp_path, extra=True)), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(f["kind"], f["subject"]) for f in data["findings"]] == [("unknown_host", "gpu099")]
+
+
+def test_fabric_audit_expected_file_and_both_sources(tmp_path: Path, capsys) -> None:
+    expected = tmp_path / "expected.yaml"
+    assert main(["fabric", "generate", *AUDIT_GEN[1:], "-o", str(expected)]) == 0
+    observed = tmp_path / "observed.json"
+    dump = _dump(tmp_path, swap=True)
+    out = tmp_path / "audit.json"
+    assert main(["fabric", "export", "--ibnetdiscover", str(dump), "-o", str(observed)]) == 0
+    argv = ["fabric", "audit", "--expected", str(expected), "--ibnetdiscover", str(dump)]
+    assert main([*argv, "--fabric", str(observed), "--format", "json", "-o", str(out)]) == 1
+    findings = json.loads(out.read_text())["findings"]
+    # both sources show the same two faults: reported once
+    assert [(f["kind"], f["subject"]) for f in findings] == [
+        ("wrong_rail", "gpu003:mlx5_0/1"),
+        ("wrong_rail", "gpu003:mlx5_1/1"),
+    ]
+    capsys.readouterr()
+
+
+def test_fabric_audit_real_x5_dump_against_its_export(
+    fixtures_real: Path, tmp_path: Path, capsys
+) -> None:
+    x5 = fixtures_real / "ltaulell-HPC_toolset"
+    dump = ["--ibnetdiscover", str(x5 / "X5.topofile"), "--guid-map", str(x5 / "X5.map")]
+    expected = tmp_path / "x5.yaml"
+    assert main(["fabric", "export", *dump, "-o", str(expected)]) == 0
+    assert main(["fabric", "audit", "--expected", str(expected), *dump]) == 0
+    assert "no findings" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--expected-generate"], "nothing observed"),
+        (["--ibnetdiscover", "d"], "one of the arguments --expected --expected-generate"),
+        (["--expected", "f.yaml", "--fabric", "o.yaml", "--hosts", "4"], "need --expected-gen"),
+        (["--expected", "f.yaml", "--fabric", "o.yaml", "--guid-map", "m"], "--guid-map goes"),
+        (["--expected-generate", "--fabric", "o", "--format", "dot"], "invalid choice: 'dot'"),
+    ],
+)
+def test_fabric_audit_usage_errors_exit_2(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["fabric", "audit", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "linkguard fabric audit" in err
+
+
+def test_fabric_audit_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.topo"
+    bad.write_text('Switch 2 "sw"\nhello world\n')
+    assert main(["fabric", "audit", *AUDIT_GEN, "--ibnetdiscover", str(bad)]) == 2
+    assert "bad.topo:2: unrecognized line" in capsys.readouterr().err
+    missing = ["--expected", str(tmp_path / "absent.yaml"), "--ibnetdiscover", str(bad)]
+    assert main(["fabric", "audit", *missing]) == 2
+    assert "absent.yaml" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from linkguard.models import (
     encode,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
+from linkguard.topology.audit import inventory_problems
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
 from linkguard.topology.solver import solve
 from linkguard.topology.state import FabricState
@@ -259,21 +260,9 @@ class TopologyService:
             )
 
     def _check_inventory(self, inv: HostInventory) -> None:
-        """Warn when what an agent has differs from what the fabric says it has."""
-        want = {h.key: h for h in self.fabric.host(inv.host).hcas}
-        have = {h.key: h for h in inv.hcas}
-        problems = [
-            f"{k}: in the fabric, not on the host" for k in sorted(want.keys() - have.keys())
-        ]
-        problems += [
-            f"{k}: on the host, not in the fabric" for k in sorted(have.keys() - want.keys())
-        ]
-        for k in sorted(want.keys() & have.keys()):
-            w, h = want[k], have[k]
-            if w.rail != h.rail:
-                problems.append(f"{k}: rail {h.rail} on the host, {w.rail} in the fabric")
-            if h.netdev and w.netdev and h.netdev != w.netdev:
-                problems.append(f"{k}: netdev {h.netdev} on the host, {w.netdev} in the fabric")
+        """Warn when what an agent has differs from what the fabric says it has (the fleet
+        audit's comparison, :func:`~linkguard.topology.audit.inventory_problems`)."""
+        problems = inventory_problems(self.fabric.host(inv.host), inv)
         if problems:
             self._warn_once(
                 "inventory_mismatch", inv.host, *problems, host=inv.host, problems=problems

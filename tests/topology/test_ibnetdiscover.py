@@ -17,6 +17,7 @@ from linkguard.topology.ibnetdiscover import (
     load_guid_map,
     parse_ibnetdiscover,
 )
+from tests.topology.ibnd_dump import as_ibnetdiscover
 
 REAL = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "real"
 X5 = REAL / "ltaulell-HPC_toolset"
@@ -480,41 +481,9 @@ def test_duplicate_guid_is_a_warning() -> None:
     assert r.guids["n1:mlx5_0"] == r.guids["n2:mlx5_0"] == "00000000000000aa"
 
 
-def _as_ibnetdiscover(f: Fabric) -> tuple[str, dict[str, str]]:
-    """Print a generated fabric the way ibnetdiscover does (switch records, then CA records;
-    CA descriptions "<host> <hca>" as rdma-ndd sets them). Returns (text, switch GUID -> name)."""
-    guid = {s.name: f"{0x1000 + i:016x}" for i, s in enumerate(f.switches)}
-    hca_guid: dict[str, str] = {}
-    sw_ports: dict[str, list[tuple[int, str]]] = {s.name: [] for s in f.switches}
-    ca_lines: dict[str, str] = {}
-    for link in f.links:
-        if link.kind == "host-leaf":
-            host, hca = link.a.split(":")[0], link.a.split(":")[1].split("/")[0]
-            g = hca_guid.setdefault(link.a, f"{0xA0000 + 16 * len(hca_guid):016x}")
-            port = len(sw_ports[link.b]) + 1
-            sw_ports[link.b].append(
-                (port, f'"H-{g}"[1]({int(g, 16) + 1:x}) # "{host} {hca}" lid 1 4xNDR')
-            )
-            ca_lines[g] = (
-                f'Ca\t1 "H-{g}"\t\t# "{host} {hca}"\n[1]({int(g, 16) + 1:x}) \t'
-                f'"S-{guid[link.b]}"[{port}]\t\t# lid 1 lmc 0 "{link.b}" lid 2 4xNDR\n'
-            )
-        else:
-            pa, pb = len(sw_ports[link.a]) + 1, len(sw_ports[link.b]) + 1
-            sw_ports[link.a].append((pa, f'"S-{guid[link.b]}"[{pb}] # "{link.b}" lid 3 4xNDR'))
-            sw_ports[link.b].append((pb, f'"S-{guid[link.a]}"[{pa}] # "{link.a}" lid 3 4xNDR'))
-    out = []
-    for s in f.switches:
-        out.append(f'\nswitchguid=0x{guid[s.name]}\nSwitch\t64 "S-{guid[s.name]}"\t\t# "{s.name}"')
-        out.extend(f"[{p}]\t{rest}" for p, rest in sw_ports[s.name])
-    return "\n".join(out) + "\n\n" + "\n".join(ca_lines.values()), {
-        f"S-{g}": n for n, g in guid.items()
-    }
-
-
 def test_generated_rail_optimized_fabric_round_trips() -> None:
     gen = generate_rail_optimized(hosts=8, rails=4, hosts_per_su=4, spines_per_su=2)
-    text, sw_of = _as_ibnetdiscover(gen)
+    text, sw_of = as_ibnetdiscover(gen)
     r = import_ibnetdiscover(text)
     f = r.fabric
     assert f.host_names == gen.host_names
