@@ -8,6 +8,7 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/ack                  R  Ack
   linkguard/v1/plans/<host>                      R  Plan
   linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
+  linkguard/v1/service/audit                     R  fleet audit of agent inventories (JSON)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "parse",
     "plan",
     "port_state",
+    "service_audit",
     "service_status",
     "status",
     "valid_segment",
@@ -75,6 +77,10 @@ def service_status() -> str:
     return f"{PREFIX}/service/status"
 
 
+def service_audit() -> str:
+    return f"{PREFIX}/service/audit"
+
+
 def all_host_topics() -> str:
     """Subscription filter for everything agents publish."""
     return f"{PREFIX}/hosts/#"
@@ -103,6 +109,8 @@ def parse(topic: str) -> ParsedTopic | None:
         return ParsedTopic("plan", parts[3])
     if parts[2:] == ["service", "status"]:
         return ParsedTopic("service_status", "")
+    if parts[2:] == ["service", "audit"]:
+        return ParsedTopic("service_audit", "")
     if parts[2] != "hosts":
         return None
     host = parts[3]

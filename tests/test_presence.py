@@ -5,6 +5,7 @@ not match the fabric. Real Mosquitto, real agents and service in-process."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,23 @@ async def test_service_warns_about_agents_that_do_not_match_the_fabric(
             "mlx5_1/1: rail 0 on the host, 1 in the fabric",
         ]
         assert mismatch["log_level"] == "warning"
+        # the same result as a fleet audit, retained on the bus for dashboards and operators
+        got: list[BusMessage] = []
+
+        async def handler(m: BusMessage) -> None:
+            got.append(m)
+
+        async with Bus(
+            host="127.0.0.1",
+            port=mosquitto.port,
+            client_id="auditor",
+            subscriptions=[topics.service_audit()],
+            handler=handler,
+        ):
+            await until(lambda: got and b"inventory_mismatch" in got[-1].payload, "fleet audit")
+        doc = json.loads(got[-1].payload)
+        # gpu001's two swapped rails; gpu000 has no agent online
+        assert doc["counts"] == {"inventory_mismatch": 2, "missing_host": 1}, doc
     finally:
         for a in (stranger, swapped):
             a.stop()

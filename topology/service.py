@@ -32,7 +32,7 @@ from linkguard.models import (
     encode,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
-from linkguard.topology.audit import inventory_problems
+from linkguard.topology.audit import audit, format_json, inventory_problems
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
 from linkguard.topology.solver import solve
 from linkguard.topology.state import FabricState
@@ -80,6 +80,9 @@ class TopologyService:
         self.solves = 0
         self.plans_published = 0
         self.plans_per_host: Counter[str] = Counter()
+        self.inventories: dict[str, HostInventory] = {}
+        self.audit_json: str | None = None
+        self._audit_kick = asyncio.Event()
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
@@ -122,6 +125,7 @@ class TopologyService:
         tasks = [
             asyncio.create_task(self.bus.run(), name="bus"),
             asyncio.create_task(self._solver(), name="solver"),
+            asyncio.create_task(self._auditor(), name="auditor"),
         ]
         try:
             stop = asyncio.create_task(self._stop.wait(), name="stop")
@@ -217,6 +221,7 @@ class TopologyService:
                 self._kick.set()
         elif isinstance(obj, HostStatus):
             self.state.on_host_status(obj)
+            self._audit_kick.set()
             log.info("host_status", host=obj.host, online=obj.online)
         elif isinstance(obj, Ack):
             self.state.on_ack(obj)
@@ -262,11 +267,36 @@ class TopologyService:
     def _check_inventory(self, inv: HostInventory) -> None:
         """Warn when what an agent has differs from what the fabric says it has (the fleet
         audit's comparison, :func:`~linkguard.topology.audit.inventory_problems`)."""
+        self.inventories[inv.host] = inv
+        self._audit_kick.set()
         problems = inventory_problems(self.fabric.host(inv.host), inv)
         if problems:
             self._warn_once(
                 "inventory_mismatch", inv.host, *problems, host=inv.host, problems=problems
             )
+
+    async def _auditor(self, debounce_s: float = 1.0) -> None:
+        """Keep the fleet audit of the agents' inventories (:func:`audit`: inventory
+        mismatches, hosts not online, unknown hosts) retained on ``service/audit``; recomputed
+        (off the event loop) a second after inventories or host statuses change."""
+        await self.bus.connected.wait()
+        while True:
+            await self._audit_kick.wait()
+            await asyncio.sleep(debounce_s)
+            self._audit_kick.clear()
+            online = {h for h, up in self.state.online.items() if up}
+            findings = await asyncio.to_thread(
+                audit, self.fabric, inventories=dict(self.inventories), reported_hosts=online
+            )
+            doc = format_json(findings)
+            if doc != self.audit_json:
+                self.audit_json = doc
+                await self.bus.publish(topics.service_audit(), doc.encode(), retain=True)
+                log.info(
+                    "fleet_audit",
+                    findings=len(findings),
+                    errors=sum(f.severity == "error" for f in findings),
+                )
 
     async def _solver(self) -> None:
         await self.bus.connected.wait()
