@@ -256,18 +256,7 @@ class RouteTable:
             if len(have) == 1 and have[0].plain and have[0].route == want:
                 result.unchanged += 1
                 continue
-            if want.netdev is not None and want.netdev not in index:
-                result.errors.append((want.destination, f"netdev {want.netdev} not found"))
-                continue
-            args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
-            if want.gateway is not None:
-                args["gateway"] = str(want.gateway)
-            if want.netdev is not None:
-                args["oif"] = index[want.netdev]
-            try:
-                await self.ipr.route("replace", table=self.table, **args)
-            except NetlinkError as exc:
-                result.errors.append((want.destination, _message(exc)))
+            if not await self._replace(want, index, result):
                 continue
             # replace matched the (dst, tos=0, metric=0) route; drop any other shape
             extra = [e for e in have if not (e.priority == 0 and e.tos == 0)]
@@ -309,20 +298,8 @@ class RouteTable:
         result = ReconcileResult()
         index = {name: idx for idx, name in (await self._netdevs()).items()}
         for want in upsert:
-            if want.netdev is not None and want.netdev not in index:
-                result.errors.append((want.destination, f"netdev {want.netdev} not found"))
-                continue
-            args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
-            if want.gateway is not None:
-                args["gateway"] = str(want.gateway)
-            if want.netdev is not None:
-                args["oif"] = index[want.netdev]
-            try:
-                await self.ipr.route("replace", table=self.table, **args)
-            except NetlinkError as exc:
-                result.errors.append((want.destination, _message(exc)))
-                continue
-            result.replaced += 1
+            if await self._replace(want, index, result):
+                result.replaced += 1
         for dest in remove:
             try:
                 await self.ipr.route("del", table=self.table, dst=str(dest), dst_len=32)
@@ -342,6 +319,26 @@ class RouteTable:
             ms=result.elapsed_ms,
         )
         return result
+
+    async def _replace(
+        self, want: KernelRoute, index: dict[str, int], result: ReconcileResult
+    ) -> bool:
+        """``ip route replace`` one /32 in this table; False (and an error in ``result``) when
+        its netdev is missing or the kernel refuses it."""
+        if want.netdev is not None and want.netdev not in index:
+            result.errors.append((want.destination, f"netdev {want.netdev} not found"))
+            return False
+        args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
+        if want.gateway is not None:
+            args["gateway"] = str(want.gateway)
+        if want.netdev is not None:
+            args["oif"] = index[want.netdev]
+        try:
+            await self.ipr.route("replace", table=self.table, **args)
+        except NetlinkError as exc:
+            result.errors.append((want.destination, _message(exc)))
+            return False
+        return True
 
     async def _delete(
         self, entries: Iterable[_Entry], result: ReconcileResult, *, count: bool = True

@@ -47,3 +47,26 @@ async def until(cond: Callable[[], object], what: str, timeout: float = 10) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def retained(
+    port: int, topic: str, *, until_payload: bytes = b"", timeout: float = 10
+) -> bytes:
+    """The payload retained (or next published) on ``topic`` of the broker on 127.0.0.1:
+    ``port`` that contains ``until_payload``, read by a fresh MQTT client."""
+    from linkguard.bus import Bus, BusMessage
+
+    got: list[bytes] = []
+
+    async def handler(m: BusMessage) -> None:
+        got.append(m.payload)
+
+    async with Bus(
+        host="127.0.0.1",
+        port=port,
+        client_id=f"test-reader-{time.monotonic_ns()}",
+        subscriptions=[topic],
+        handler=handler,
+    ):
+        await until(lambda: got and until_payload in got[-1], f"a message on {topic}", timeout)
+    return got[-1]

@@ -14,7 +14,6 @@ from structlog.testing import capture_logs
 from linkguard import topics
 from linkguard.agent.daemon import Agent, DuplicateHostError
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.bus import Bus, BusMessage
 from linkguard.config import BusSettings, PortConfig, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import HostStatus, ServiceStatus, decode
@@ -22,7 +21,7 @@ from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.service import TopologyService
-from tests.support import until
+from tests.support import retained, until
 
 FABRIC = generate_rail_optimized(hosts=2, rails=2)
 
@@ -74,35 +73,14 @@ async def test_second_agent_with_the_same_host_name_stops(mosquitto, tmp_path: P
     assert second.table.routes == {}  # the clone withdrew the other machine's routes
     service.stop()
     await asyncio.wait_for(ts, 10)
-    got: list[BusMessage] = []
-
-    async def handler(m: BusMessage) -> None:
-        got.append(m)
-
-    async with Bus(
-        host="127.0.0.1",
-        port=mosquitto.port,
-        client_id="look",
-        subscriptions=[topics.status("gpu000")],
-        handler=handler,
-    ):
-        await until(lambda: got, "retained status")
-    st = decode(HostStatus, got[0].payload)
+    st = decode(HostStatus, await retained(mosquitto.port, topics.status("gpu000")))
     assert (st.online, st.instance) == (True, first.me.instance)
 
     # a clean stop leaves "offline" for operators, not a stale "online"
     first.stop()
     await asyncio.wait_for(t1, 10)
-    got.clear()
-    async with Bus(
-        host="127.0.0.1",
-        port=mosquitto.port,
-        client_id="look2",
-        subscriptions=[topics.status("gpu000")],
-        handler=handler,
-    ):
-        await until(lambda: got, "retained status after stop")
-    assert decode(HostStatus, got[0].payload).online is False
+    st = decode(HostStatus, await retained(mosquitto.port, topics.status("gpu000")))
+    assert st.online is False
 
 
 @pytest.mark.real
@@ -115,20 +93,8 @@ async def test_second_topology_service_stops(mosquitto) -> None:
     with pytest.raises(DuplicateInstanceError, match="another topology service"):
         await asyncio.wait_for(TopologyService(s, fabric=FABRIC).run(), 15)
     assert not t1.done()
-    got: list[BusMessage] = []
-
-    async def handler(m: BusMessage) -> None:
-        got.append(m)
-
-    async with Bus(
-        host="127.0.0.1",
-        port=mosquitto.port,
-        client_id="look",
-        subscriptions=[topics.service_status()],
-        handler=handler,
-    ):
-        await until(lambda: got, "service status")
-    assert decode(ServiceStatus, got[0].payload).instance == first.me.instance
+    seen = decode(ServiceStatus, await retained(mosquitto.port, topics.service_status()))
+    assert seen.instance == first.me.instance
     first.stop()
     await asyncio.wait_for(t1, 10)
 
@@ -166,20 +132,11 @@ async def test_service_warns_about_agents_that_do_not_match_the_fabric(
         ]
         assert mismatch["log_level"] == "warning"
         # the same result as a fleet audit, retained on the bus for dashboards and operators
-        got: list[BusMessage] = []
-
-        async def handler(m: BusMessage) -> None:
-            got.append(m)
-
-        async with Bus(
-            host="127.0.0.1",
-            port=mosquitto.port,
-            client_id="auditor",
-            subscriptions=[topics.service_audit()],
-            handler=handler,
-        ):
-            await until(lambda: got and b"inventory_mismatch" in got[-1].payload, "fleet audit")
-        doc = json.loads(got[-1].payload)
+        doc = json.loads(
+            await retained(
+                mosquitto.port, topics.service_audit(), until_payload=b"inventory_mismatch"
+            )
+        )
         # gpu001's two swapped rails; gpu000 has no agent online
         assert doc["counts"] == {"inventory_mismatch": 2, "missing_host": 1}, doc
     finally:
