@@ -101,6 +101,11 @@ class Fabric(_Model):
     hosts: list[HostInventory] = Field(min_length=1)
     switches: list[Switch] = Field(default_factory=list)
     links: list[Link] = Field(default_factory=list)
+    rail_subnets: dict[int, ipaddress.IPv4Network] = Field(
+        default_factory=dict,
+        description="each rail's subnet; when given, every HCA address must lie inside its "
+        "rail's subnet (peers use it as an on-link next hop)",
+    )
 
     _by_name: dict[str, HostInventory] = PrivateAttr(default_factory=dict)
 
@@ -135,6 +140,15 @@ class Fabric(_Model):
                         "(peers need it as next hop)"
                     )
                 claim(hca.address, f"{h.host}:{hca.key}")
+                net = self.rail_subnets.get(hca.rail)
+                if net is not None and (
+                    hca.address not in net
+                    or hca.address in (net.network_address, net.broadcast_address)
+                ):
+                    raise ValueError(
+                        f"host {h.host}: HCA {hca.key} address {hca.address} is not a host "
+                        f"address of rail {hca.rail}'s subnet {net}"
+                    )
             for g, ep in enumerate(h.endpoints):
                 claim(ep, f"{h.host} GPU {g} endpoint")
         switches: set[str] = set()

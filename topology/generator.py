@@ -200,6 +200,16 @@ def _rail_subnet_size(prefix: ipaddress.IPv4Network, hosts: int, rails: int) -> 
     return size
 
 
+def rail_subnets(
+    prefix: ipaddress.IPv4Network, size: int, rails: int
+) -> dict[int, ipaddress.IPv4Network]:
+    """The subnet of each rail when ``prefix`` is cut into ``size``-address blocks, rail r
+    taking the r-th (the layout of :func:`generate_rail_optimized` and the importer)."""
+    plen = 32 - (size.bit_length() - 1)
+    base = int(prefix.network_address)
+    return {r: ipaddress.IPv4Network((base + r * size, plen)) for r in range(rails)}
+
+
 def _endpoint_block(prefix: ipaddress.IPv4Network, hosts: int, gpus: int) -> int:
     """Addresses per host in the endpoint prefix: 256 when it fits, else the largest power of two
     that fits all hosts while keeping .0 and .255 unused (needs a block > gpus)."""
@@ -299,6 +309,7 @@ def generate_rail_optimized(
         ),
         switches=_switches(shape),
         links=_host_links(shape, host_name, hca) + _fabric_links(shape),
+        rail_subnets=rail_subnets(rnet, rsize, rails),
     )
 
 

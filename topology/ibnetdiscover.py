@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from linkguard.models import HCAInfo, HostInventory
 from linkguard.topology.fabric import Fabric, FabricError, Link, Switch
-from linkguard.topology.generator import _rail_subnet_size
+from linkguard.topology.generator import _rail_subnet_size, rail_subnets
 
 __all__ = [
     "LANE_GBPS",
@@ -780,6 +780,7 @@ class _Builder:
         self.host_of = host_of
         self.gmap = gmap
         self.rail_prefix = rail_prefix
+        self.rail_subnets: dict[int, ipaddress.IPv4Network] = {}
         self.name = name
         self.notes = list(topo.notes)
         self.warnings = list(topo.warnings)
@@ -815,7 +816,13 @@ class _Builder:
                 "run them at its default 4x SDR)"
             )
         try:
-            fabric = Fabric(name=self.name, hosts=hosts, switches=switches, links=links)
+            fabric = Fabric(
+                name=self.name,
+                hosts=hosts,
+                switches=switches,
+                links=links,
+                rail_subnets=self.rail_subnets,
+            )
         except ValidationError as exc:
             errs = "; ".join(e["msg"] for e in exc.errors()[:3])
             raise self.fail(f"imported fabric does not validate: {errs}") from None
@@ -916,6 +923,7 @@ class _Builder:
         except ValueError as exc:
             raise self.fail(f"rail addresses: {exc}") from None
         base = int(prefix.network_address)
+        self.rail_subnets = rail_subnets(prefix, size, n_rails)
         self.notes.append(
             f"rail addresses assigned with the generator's layout in {prefix} (rail r, host h "
             f"-> {prefix.network_address} + r*{size} + h + 1); no GPU endpoints"

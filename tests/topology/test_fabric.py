@@ -123,3 +123,19 @@ def test_hca_rail_must_match_its_leaf(tmp_path) -> None:
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(FabricError, match="HCA is on rail 7 but the link says rail 0"):
         load_fabric(bad)
+
+
+def test_hca_address_must_be_in_its_rail_subnet(tmp_path) -> None:
+    from linkguard.topology.fabric import FabricError, dump_fabric, generate_rail_optimized
+
+    fabric = generate_rail_optimized(hosts=2, rails=2)
+    assert {r: str(n) for r, n in fabric.rail_subnets.items()} == {
+        0: "10.100.0.0/24",
+        1: "10.100.1.0/24",
+    }
+    doc = yaml.safe_load(dump_fabric(fabric, "yaml"))
+    doc["hosts"][1]["hcas"][0]["address"] = "10.100.5.2"
+    bad = tmp_path / "f.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FabricError, match=r"10.100.5.2 is not a host address of rail 0's subnet"):
+        load_fabric(bad)
