@@ -175,3 +175,54 @@ async def test_service_drops_bad_port_states(mosquitto) -> None:
     finally:
         service.stop()
         await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.real
+async def test_a_change_during_a_solve_gets_its_own_solve(mosquitto, monkeypatch) -> None:
+    """The solver runs in a thread; a port going down meanwhile must trigger another solve
+    (it once cleared the wake-up and waited forever with the change unplanned)."""
+    import threading
+
+    import linkguard.topology.service as service_module
+
+    started = threading.Event()
+
+    def slow_solve(*args, **kwargs):  # the real solver, with a wide window for the race
+        started.set()
+        time.sleep(0.3)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "solve", slow_solve)
+    bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
+    service = TopologyService(
+        ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
+    )
+    task = asyncio.create_task(service.run())
+    try:
+        async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="agent-ish") as agent:
+            await agent.wait_connected(10)
+            await until(started.is_set, "first solve running")
+            down = PortState(
+                host=HOST,
+                hca="mlx5_0",
+                port=1,
+                status=PortStatus.DOWN,
+                usable=False,
+                observed_at=time.time(),
+                seq=1,
+            )
+            await agent.publish(topics.port_state(HOST, "mlx5_0", 1), encode(down))
+            ep = FABRIC.host(HOST).endpoints[0]
+            await until(
+                lambda: (
+                    OTHER in service.state.plans
+                    and any(
+                        r.destination == ep and r.rail != 0
+                        for r in service.state.plans[OTHER].routes
+                    )
+                ),
+                "a plan that routes around the down port",
+            )
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 10)

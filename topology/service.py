@@ -304,9 +304,11 @@ class TopologyService:
         if settle > 0:
             await asyncio.sleep(settle)  # let retained states and plans arrive
         while True:
+            # clear before solving: a change that arrives during the solve (it runs in a
+            # thread) leaves the kick set, so it gets its own solve right after
+            self._kick.clear()
             if self.state.dirty:
                 await self._solve_and_publish()
-            self._kick.clear()
             await self._kick.wait()
             if self.settings.debounce_ms > 0:
                 await asyncio.sleep(self.settings.debounce_ms / 1000)
