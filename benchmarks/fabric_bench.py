@@ -10,24 +10,15 @@ and of loading the JSON back (``load_fabric``). No I/O besides stdout and a temp
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
+
+from _timing import median_s
 
 from linkguard.topology.export import render, summary_text, to_dot
 from linkguard.topology.fabric import load_fabric
 from linkguard.topology.generator import generate_rail_optimized, rail_optimized_shape
-
-
-def _median_s(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -48,17 +39,17 @@ def main() -> None:
         def gen(hosts=hosts):
             return generate_rail_optimized(hosts=hosts, rails=args.rails)
 
-        t_gen = _median_s(gen, args.runs)
+        t_gen = median_s(gen, args.runs)
         fabric = gen()
         kinds = Counter(link.kind for link in fabric.links)
-        t_show = _median_s(lambda f=fabric: summary_text(f), args.runs)
-        t_dot = _median_s(lambda f=fabric: to_dot(f, aggregate=True), args.runs)
-        t_json = _median_s(lambda f=fabric: render(f, "json"), args.runs)
+        t_show = median_s(lambda f=fabric: summary_text(f), args.runs)
+        t_dot = median_s(lambda f=fabric: to_dot(f, aggregate=True), args.runs)
+        t_json = median_s(lambda f=fabric: render(f, "json"), args.runs)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "fabric.json"
             path.write_text(render(fabric, "json"))
-            t_load = _median_s(lambda p=path: load_fabric(p), args.runs)
-        t_yaml = _median_s(lambda f=fabric: render(f, "yaml"), 1) if args.yaml else None
+            t_load = median_s(lambda p=path: load_fabric(p), args.runs)
+        t_yaml = median_s(lambda f=fabric: render(f, "yaml"), 1) if args.yaml else None
         tiers = f"{shape.leaves}/{shape.spines}/{shape.cores}"
         ms = lambda s: f"{s * 1000:>6.0f} ms"  # noqa: E731
         print(

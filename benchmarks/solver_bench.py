@@ -8,20 +8,11 @@ busiest NIC's route count (normal vs. degraded). No I/O besides stdout.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+from _timing import median_s
 
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.solver import load_report, solve
-
-
-def _median_s(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -40,7 +31,7 @@ def main() -> None:
             def run(fabric=fabric, unusable=unusable):
                 return solve(fabric, unusable, epoch=1, now=0.0)
 
-            median = _median_s(run, args.runs)
+            median = median_s(run, args.runs)
             plans = run()
             routes = sum(len(p.routes) for p in plans.values())
             busiest = max(max(v.values(), default=0) for v in load_report(plans).values())

@@ -267,23 +267,7 @@ class RouteTable:
                 result.added += 1
         for entries in current.values():
             await self._delete(entries, result)
-        result.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
-        log.info(
-            "routes_reconciled",
-            netns=self.netns,
-            table=self.table,
-            added=result.added,
-            replaced=result.replaced,
-            deleted=result.deleted,
-            unchanged=result.unchanged,
-            errors=len(result.errors),
-            ms=result.elapsed_ms,
-        )
-        for dest, msg in result.errors:
-            log.warning(
-                "route_refused", netns=self.netns, table=self.table, dst=str(dest), error=msg
-            )
-        return result
+        return self._report("routes_reconciled", result, started)
 
     async def update(
         self, upsert: Sequence[KernelRoute], remove: Iterable[IPv4Address] = ()
@@ -308,16 +292,26 @@ class RouteTable:
                     result.errors.append((dest, f"delete: {_message(exc)}"))
                 continue
             result.deleted += 1
+        return self._report("routes_updated", result, started)
+
+    def _report(self, event: str, result: ReconcileResult, started: float) -> ReconcileResult:
+        """Stamp the elapsed time, log the summary and one warning per refused route."""
         result.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
         log.info(
-            "routes_updated",
+            event,
             netns=self.netns,
             table=self.table,
+            added=result.added,
             replaced=result.replaced,
             deleted=result.deleted,
+            unchanged=result.unchanged,
             errors=len(result.errors),
             ms=result.elapsed_ms,
         )
+        for dest, msg in result.errors:
+            log.warning(
+                "route_refused", netns=self.netns, table=self.table, dst=str(dest), error=msg
+            )
         return result
 
     async def _replace(

@@ -29,6 +29,19 @@ HOST = FABRIC.hosts[0].host
 OTHER = FABRIC.hosts[1].host
 
 
+def _down_state() -> PortState:
+    """HOST's mlx5_0/1 reported down now, as its agent would publish it."""
+    return PortState(
+        host=HOST,
+        hca="mlx5_0",
+        port=1,
+        status=PortStatus.DOWN,
+        usable=False,
+        observed_at=time.time(),
+        seq=1,
+    )
+
+
 def _plan_bytes(epoch: int, host: str = HOST, **edit: object) -> bytes:
     plan = solve(FABRIC, {}, epoch=epoch, now=1.0)[host]
     doc = json.loads(encode(plan))
@@ -127,15 +140,7 @@ async def test_service_drops_bad_port_states(mosquitto) -> None:
         ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
     )
     task = asyncio.create_task(service.run())
-    good = PortState(
-        host=HOST,
-        hca="mlx5_0",
-        port=1,
-        status=PortStatus.DOWN,
-        usable=False,
-        observed_at=time.time(),
-        seq=1,
-    )
+    good = _down_state()
     forged = good.model_copy(update={"host": OTHER})
     cases = [
         (topics.port_state(HOST, "mlx5_0", 1), b"not json", "not_json"),
@@ -202,15 +207,7 @@ async def test_a_change_during_a_solve_gets_its_own_solve(mosquitto, monkeypatch
         async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="agent-ish") as agent:
             await agent.wait_connected(10)
             await until(started.is_set, "first solve running")
-            down = PortState(
-                host=HOST,
-                hca="mlx5_0",
-                port=1,
-                status=PortStatus.DOWN,
-                usable=False,
-                observed_at=time.time(),
-                seq=1,
-            )
+            down = _down_state()
             await agent.publish(topics.port_state(HOST, "mlx5_0", 1), encode(down))
             ep = FABRIC.host(HOST).endpoints[0]
             await until(

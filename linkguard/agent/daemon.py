@@ -353,23 +353,19 @@ class Agent:
         verdict = judge(self.me, seen, retained=msg.retain)
         if verdict == Verdict.IGNORE:
             return
-        if verdict == Verdict.YIELD:
+        if verdict in (Verdict.YIELD, Verdict.HOLD):
             log.error(
                 "duplicate_host",
                 host=self.host,
                 other_instance=seen.instance,
-                action="stopping: the other agent started first",
+                action="stopping: the other agent started first"
+                if verdict == Verdict.YIELD
+                else "keeping this host: started first; the other must stop",
             )
+        if verdict == Verdict.YIELD:
             self.duplicate = seen
             self.stop()
             return
-        if verdict == Verdict.HOLD:
-            log.error(
-                "duplicate_host",
-                host=self.host,
-                other_instance=seen.instance,
-                action="keeping this host: started first; the other must stop",
-            )
         await self.bus.publish(
             topics.status(self.host), encode(self._status(online=True)), retain=True
         )
