@@ -1,8 +1,9 @@
-"""linkguard's own routing table: /32 routes to peer endpoints plus the ``ip rule``s that use it.
+"""linkguard's own routing table: routes to peer endpoints plus the ``ip rule``s that use it.
 
-Consumes: the desired routes of a plan (:class:`KernelRoute`). Produces: kernel state in ONE
-routing table (and the rules pointing at it) of one network namespace, through rtnetlink
-(pyroute2); never touches another table or any other rule.
+Consumes: the desired routes of a plan (:class:`KernelRoute`): /32 exceptions via a gateway,
+on-link prefix routes out of one netdev or several (multipath), ``unreachable`` routes.
+Produces: kernel state in ONE routing table (and the rules pointing at it) of one network
+namespace, through rtnetlink (pyroute2); never touches another table or any other rule.
 
 Gateway routes need no ``onlink`` here. When a route is added to a table other than main, the
 kernel validates its gateway first in that table and, failing that, with a full FIB lookup
@@ -11,6 +12,12 @@ connected /24 in main. The lookup ignores link state, so a route can be installe
 whose carrier is down. A gateway that no connected route covers, or that is only reachable
 through another netdev than the route's, is refused with ENETUNREACH: such a route lands in
 :attr:`ReconcileResult.errors` and the other routes are still applied.
+
+On-link routes (no gateway) are written as ``ip route`` writes them: one netdev with scope
+link, several as an RTA_MULTIPATH list of equal-weight nexthops (scope universe; the kernel
+hashes flows over them and dumps them back in the order written; a one-entry list would come
+back as a plain ``oif`` route, so one netdev is always written as ``oif``). The kernel refuses
+a nexthop on an administratively down netdev (ENETDOWN) but accepts one without carrier.
 """
 
 from __future__ import annotations
@@ -31,26 +38,107 @@ from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
 
 from linkguard.drivers.netlink import open_iproute
 
-__all__ = ["KernelRoute", "ReconcileResult", "RouteTable"]
+__all__ = ["Destination", "KernelRoute", "ReconcileResult", "RouteTable", "check_routes"]
 
 log = structlog.get_logger(__name__)
 
 #: Table ids the kernel owns (include/uapi/linux/rtnetlink.h: RT_TABLE_UNSPEC, COMPAT,
 #: DEFAULT, MAIN, LOCAL); linkguard refuses to manage them.
 RESERVED_TABLES = frozenset({0, 252, 253, 254, 255})
+#: Route types and scopes (include/uapi/linux/rtnetlink.h), with the names ``ip route`` prints.
 RTN_UNICAST = 1
+RTN_UNREACHABLE = 7
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+#: In a delete request: match a route of any scope (pyroute2 would otherwise send universe,
+#: and the kernel would not find an on-link route, whose scope is link).
+RT_SCOPE_NOWHERE = 255
+_KIND_NAMES = {
+    RTN_UNICAST: "unicast",
+    6: "blackhole",
+    RTN_UNREACHABLE: "unreachable",
+    8: "prohibit",
+    9: "throw",
+}
+#: The kinds linkguard writes.
+KINDS = ("unicast", "unreachable")
+
+#: A route's destination: an address for a /32, a network for any other prefix length.
+Destination = IPv4Address | IPv4Network
 
 
 @dataclass(frozen=True)
 class KernelRoute:
-    """One /32 route: ``destination`` via ``gateway`` out of ``netdev``.
+    """One route of linkguard's table, in one of the shapes :meth:`RouteTable.reconcile` writes:
 
-    In :meth:`RouteTable.dump` a route the kernel holds in another shape (multipath, blackhole,
-    no gateway) has ``gateway``/``netdev`` None where they do not apply."""
+    - via ``gateway`` out of ``netdev`` (a /32 exception): ``ip route replace D via G dev N``;
+    - on-link out of ``netdev`` (``gateway`` None): ``ip route replace D dev N``;
+    - on-link multipath: ``nexthops`` two or more netdevs, equal weights, no gateway or
+      ``netdev``: ``ip route replace D nexthop dev A nexthop dev B``;
+    - ``kind="unreachable"``, nothing else set: ``ip route replace unreachable D``.
 
-    destination: IPv4Address
-    gateway: IPv4Address | None
-    netdev: str | None
+    Normalised on construction so that equal routes compare equal whatever the spelling:
+    ``destination`` is an IPv4Address for a /32 (an IPv4Network /32 becomes its address) and an
+    IPv4Network otherwise; ``nexthops`` is sorted without duplicates (the nexthop *set* is what
+    counts), and a single one without gateway or netdev becomes ``netdev``.
+
+    In :meth:`RouteTable.dump` a route of another shape has ``kind`` set to the kernel's type
+    name (``blackhole``, ...) and ``gateway``/``netdev`` None where they do not apply.
+    """
+
+    destination: Destination
+    gateway: IPv4Address | None = None
+    netdev: str | None = None
+    nexthops: tuple[str, ...] = ()
+    kind: str = "unicast"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.destination, IPv4Network) and self.destination.prefixlen == 32:
+            object.__setattr__(self, "destination", self.destination.network_address)
+        hops = tuple(sorted(set(self.nexthops)))
+        if len(hops) == 1 and self.netdev is None and self.gateway is None:
+            object.__setattr__(self, "netdev", hops[0])
+            hops = ()
+        object.__setattr__(self, "nexthops", hops)
+
+    @property
+    def network(self) -> IPv4Network:
+        """The destination as a network (a /32 for an address)."""
+        return IPv4Network(self.destination)
+
+    @property
+    def netdevs(self) -> tuple[str, ...]:
+        """Every netdev the route names (``netdev`` or ``nexthops``)."""
+        return (self.netdev,) if self.netdev is not None else self.nexthops
+
+
+def check_routes(desired: Sequence[KernelRoute], prefixes: Sequence[IPv4Network] = ()) -> None:
+    """Raise ValueError unless ``desired`` is a set of routes linkguard may write: every
+    destination once, inside one of ``prefixes`` (when given), of kind unicast or unreachable,
+    and in one of the :class:`KernelRoute` shapes (a unicast route with a gateway or at least
+    one netdev, never both ``netdev`` and ``nexthops``; an unreachable one with neither)."""
+    seen: set[Destination] = set()
+    for r in desired:
+        if not isinstance(r.destination, IPv4Address | IPv4Network):
+            raise ValueError(f"destination {r.destination!r} is not an IPv4 address or network")
+        if r.destination in seen:
+            raise ValueError(f"destination {r.destination} desired twice")
+        seen.add(r.destination)
+        if prefixes and not any(r.network.subnet_of(p) for p in prefixes):
+            raise ValueError(
+                f"destination {r.destination} is outside the managed prefixes "
+                f"{', '.join(map(str, prefixes))}"
+            )
+        if r.kind not in KINDS:
+            raise ValueError(f"route to {r.destination}: kind {r.kind!r} is not one of {KINDS}")
+        if r.kind == "unreachable":
+            if r.gateway is not None or r.netdevs:
+                raise ValueError(f"unreachable route to {r.destination} names a next hop")
+        elif r.nexthops:
+            if r.gateway is not None or r.netdev is not None:
+                raise ValueError(f"route to {r.destination} has nexthops and a gateway or netdev")
+        elif r.gateway is None and r.netdev is None:
+            raise ValueError(f"route to {r.destination} has neither gateway nor netdev")
 
 
 @dataclass
@@ -62,7 +150,7 @@ class ReconcileResult:
     replaced: int = 0
     deleted: int = 0
     unchanged: int = 0
-    errors: list[tuple[IPv4Address, str]] = field(default_factory=list)
+    errors: list[tuple[Destination, str]] = field(default_factory=list)
     elapsed_ms: float = 0.0
 
     @property
@@ -76,12 +164,36 @@ class ReconcileResult:
 
 @dataclass(frozen=True)
 class _Entry:
-    """A kernel /32 of the table with what deleting exactly it needs."""
+    """A kernel route of the table with what deleting exactly it needs."""
 
     route: KernelRoute
     priority: int
     tos: int
-    plain: bool  # unicast, metric 0, tos 0, single next hop: the shape linkguard writes
+    plain: bool  # metric 0, tos 0 and one of the shapes linkguard writes, as it writes them
+
+
+def _parse(m: Any, names: dict[int, str]) -> _Entry:
+    """One dumped route message of our table as an :class:`_Entry`."""
+    dst = IPv4Network(f"{m.get('dst') or '0.0.0.0'}/{m['dst_len']}")
+    gw, oif, hops = m.get("gateway"), m.get("oif"), m.get("multipath") or []
+    route = KernelRoute(
+        destination=dst,
+        gateway=IPv4Address(gw) if gw else None,
+        netdev=names.get(oif) if oif else None,
+        nexthops=tuple(names.get(h.get("oif"), f"#{h.get('oif')}") for h in hops),
+        kind=_KIND_NAMES.get(m["type"], f"type {m['type']}"),
+    )
+    onlink = route.kind == "unicast" and route.gateway is None and not route.nexthops
+    priority, tos = m.get("priority") or 0, m["tos"]
+    plain = (
+        priority == 0
+        and tos == 0
+        and route.kind in KINDS
+        and m["scope"] == (RT_SCOPE_LINK if onlink else RT_SCOPE_UNIVERSE)
+        and all(not h.get("hops") and h.get("gateway") is None for h in hops)
+        and len({h.get("oif") for h in hops}) == len(hops)  # a netdev twice: a double share
+    )
+    return _Entry(route, priority, tos, plain)
 
 
 class RouteTable:
@@ -90,7 +202,9 @@ class RouteTable:
     ``table``: the table id (1..2**32-1, not 252-255 or 0). ``rule_priority``: priority of its
     rules (1..32765; main's rule is 32766). ``prefixes``: the destinations it may route; one
     rule ``to <prefix> lookup <table>`` per prefix, or a single ``from all lookup <table>``
-    when empty (the table holds only /32s, so everything else falls through to main).
+    when empty (the table holds only routes to endpoints, so everything else falls through
+    to main). Every route in the table is linkguard's: :meth:`reconcile` deletes what is
+    not desired, at any prefix length.
     ``netns``: a name under /run/netns or a path; a missing one raises
     :class:`~linkguard.drivers.netlink.NetnsNotFoundError` on ``__aenter__``.
 
@@ -192,60 +306,35 @@ class RouteTable:
     async def _netdevs(self) -> dict[int, str]:
         return {m["index"]: m.get("ifname") async for m in await self.ipr.link("dump")}
 
-    async def _entries(self, names: dict[int, str]) -> dict[IPv4Address, list[_Entry]]:
-        out: dict[IPv4Address, list[_Entry]] = {}
+    async def _entries(self, names: dict[int, str]) -> dict[Destination, list[_Entry]]:
+        out: dict[Destination, list[_Entry]] = {}
         async for m in await self.ipr.route("dump", family=AF_INET):
-            if m.get("table") != self.table or m["dst_len"] != 32 or m.get("dst") is None:
+            if m.get("table") != self.table:
                 continue
-            gw, oif = m.get("gateway"), m.get("oif")
-            dest = IPv4Address(m.get("dst"))
-            route = KernelRoute(
-                destination=dest,
-                gateway=IPv4Address(gw) if gw else None,
-                netdev=names.get(oif) if oif else None,
-            )
-            priority, tos = m.get("priority") or 0, m["tos"]
-            plain = (
-                m["type"] == RTN_UNICAST
-                and priority == 0
-                and tos == 0
-                and m.get("multipath") is None
-            )
-            out.setdefault(dest, []).append(_Entry(route, priority, tos, plain))
+            entry = _parse(m, names)
+            out.setdefault(entry.route.destination, []).append(entry)
         return out
 
-    async def dump(self) -> dict[IPv4Address, KernelRoute]:
-        """The /32 routes of this table, by destination (other tables are not read into the
-        result). With two routes for one destination (different metrics) the first wins."""
+    async def dump(self) -> dict[Destination, KernelRoute]:
+        """Every route of this table (any prefix length), by destination: an IPv4Address for
+        a /32, an IPv4Network otherwise. Other tables are not read into the result. With two
+        routes for one destination (different metrics) the first wins."""
         entries = await self._entries(await self._netdevs())
         return {dest: es[0].route for dest, es in entries.items()}
 
-    def _validate(self, desired: Sequence[KernelRoute]) -> None:
-        seen: set[IPv4Address] = set()
-        for r in desired:
-            if r.destination in seen:
-                raise ValueError(f"destination {r.destination} desired twice")
-            seen.add(r.destination)
-            if self.prefixes and not any(r.destination in p for p in self.prefixes):
-                raise ValueError(
-                    f"destination {r.destination} is outside the managed prefixes "
-                    f"{', '.join(map(str, self.prefixes))}"
-                )
-            if r.gateway is None and r.netdev is None:
-                raise ValueError(f"route to {r.destination} has neither gateway nor netdev")
-
     async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult:
-        """Make the table's /32 routes exactly ``desired``.
+        """Make the table's routes (every prefix length) exactly ``desired``.
 
-        Identical routes are left alone (no churn), differing ones replaced (``ip route
-        replace``), missing ones added, undesired ones deleted. A route whose netdev does not
-        exist or that the kernel refuses (unreachable gateway: ENETUNREACH) goes to
-        ``errors``, leaves what the kernel had for that destination as it was (like a failed
-        ``ip route replace``), and the others still apply. Raises ValueError before touching
-        anything when a destination is outside ``prefixes`` (if given), appears twice, or a
-        route has neither gateway nor netdev.
+        Identical routes are left alone (no churn; a multipath route is identical when its
+        nexthop set is), differing ones replaced (``ip route replace``), missing ones added,
+        undesired ones deleted. A route naming a netdev that does not exist or that the kernel
+        refuses (unreachable gateway: ENETUNREACH, netdev down: ENETDOWN) goes to ``errors``,
+        leaves what the kernel had for that destination as it was (like a failed ``ip route
+        replace``), and the others still apply. Raises ValueError (:func:`check_routes`)
+        before touching anything when a destination is outside ``prefixes`` (if given),
+        appears twice, or a route has no valid shape.
         """
-        self._validate(desired)
+        check_routes(desired, self.prefixes)
         started = time.monotonic()
         result = ReconcileResult()
         names = await self._netdevs()
@@ -270,14 +359,15 @@ class RouteTable:
         return self._report("routes_reconciled", result, started)
 
     async def update(
-        self, upsert: Sequence[KernelRoute], remove: Iterable[IPv4Address] = ()
+        self, upsert: Sequence[KernelRoute], remove: Iterable[Destination] = ()
     ) -> ReconcileResult:
-        """Replace the ``upsert`` routes and delete the ``remove`` destinations, without reading
-        the table first: the fast path, whose cost grows with the change, not with the table
-        (:meth:`reconcile` dumps every route of the namespace first). Every upsert counts as
-        ``replaced``; a destination in ``remove`` that is not there is not an error. Same
-        validation and error handling as :meth:`reconcile`."""
-        self._validate(upsert)
+        """Replace the ``upsert`` routes and delete the ``remove`` destinations (addresses for
+        /32s, networks for prefixes), without reading the table first: the fast path, whose
+        cost grows with the change, not with the table (:meth:`reconcile` dumps every route
+        of the namespace first). Every upsert counts as ``replaced``; a destination in
+        ``remove`` that is not there is not an error. Same validation and error handling as
+        :meth:`reconcile`."""
+        check_routes(upsert, self.prefixes)
         started = time.monotonic()
         result = ReconcileResult()
         index = {name: idx for idx, name in (await self._netdevs()).items()}
@@ -285,8 +375,15 @@ class RouteTable:
             if await self._replace(want, index, result):
                 result.replaced += 1
         for dest in remove:
+            net = IPv4Network(dest)
             try:
-                await self.ipr.route("del", table=self.table, dst=str(dest), dst_len=32)
+                await self.ipr.route(
+                    "del",
+                    table=self.table,
+                    dst=str(net.network_address),
+                    dst_len=net.prefixlen,
+                    scope=RT_SCOPE_NOWHERE,
+                )
             except NetlinkError as exc:
                 if exc.code != errno.ESRCH:  # already gone
                     result.errors.append((dest, f"delete: {_message(exc)}"))
@@ -317,16 +414,25 @@ class RouteTable:
     async def _replace(
         self, want: KernelRoute, index: dict[str, int], result: ReconcileResult
     ) -> bool:
-        """``ip route replace`` one /32 in this table; False (and an error in ``result``) when
-        its netdev is missing or the kernel refuses it."""
-        if want.netdev is not None and want.netdev not in index:
-            result.errors.append((want.destination, f"netdev {want.netdev} not found"))
+        """``ip route replace`` one route in this table; False (and an error in ``result``)
+        when one of its netdevs is missing or the kernel refuses it."""
+        missing = [n for n in want.netdevs if n not in index]
+        if missing:
+            result.errors.append((want.destination, f"netdev {missing[0]} not found"))
             return False
-        args: dict[str, Any] = {"dst": str(want.destination), "dst_len": 32}
-        if want.gateway is not None:
-            args["gateway"] = str(want.gateway)
-        if want.netdev is not None:
-            args["oif"] = index[want.netdev]
+        net = want.network
+        args: dict[str, Any] = {"dst": str(net.network_address), "dst_len": net.prefixlen}
+        if want.kind == "unreachable":
+            args["type"] = "unreachable"
+        elif want.nexthops:
+            args["multipath"] = [{"oif": index[n]} for n in want.nexthops]
+        else:
+            if want.gateway is not None:
+                args["gateway"] = str(want.gateway)
+            else:
+                args["scope"] = RT_SCOPE_LINK  # on-link, as `ip route add D dev N` writes it
+            if want.netdev is not None:
+                args["oif"] = index[want.netdev]
         try:
             await self.ipr.route("replace", table=self.table, **args)
         except NetlinkError as exc:
@@ -338,14 +444,16 @@ class RouteTable:
         self, entries: Iterable[_Entry], result: ReconcileResult, *, count: bool = True
     ) -> None:
         for e in entries:
+            net = e.route.network
             try:
                 await self.ipr.route(
                     "del",
                     table=self.table,
-                    dst=str(e.route.destination),
-                    dst_len=32,
+                    dst=str(net.network_address),
+                    dst_len=net.prefixlen,
                     priority=e.priority,
                     tos=e.tos,
+                    scope=RT_SCOPE_NOWHERE,
                 )
             except NetlinkError as exc:
                 result.errors.append((e.route.destination, f"delete: {_message(exc)}"))
@@ -367,6 +475,7 @@ class RouteTable:
                 "dst_len": m["dst_len"],
                 "tos": m["tos"],
                 "priority": m.get("priority") or 0,
+                "scope": RT_SCOPE_NOWHERE,
             }
             if m.get("dst"):
                 args["dst"] = m.get("dst")

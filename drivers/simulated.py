@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import replace
+from ipaddress import IPv4Network
 
 from linkguard.drivers.base import PortObservation
-from linkguard.drivers.routes import KernelRoute, ReconcileResult
+from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult, check_routes
 from linkguard.models import LinkLayer, PhysState, PortStateName
 
 __all__ = ["MemoryRouteTable", "SimulatedPortSource", "active_port"]
@@ -78,10 +79,27 @@ class SimulatedPortSource:
 
 
 class MemoryRouteTable:
-    """In-memory stand-in for a kernel routing table (quick start, fleet simulation)."""
+    """In-memory stand-in for a kernel routing table (quick start, fleet simulation), with the
+    semantics of :class:`~linkguard.drivers.routes.RouteTable`: any route shape of
+    :class:`~linkguard.drivers.routes.KernelRoute` (/32 via a gateway, on-link prefix routes
+    over one or several netdevs, ``unreachable``), keyed by destination; an equal route is
+    left alone (``unchanged``). ``netdevs``: when given, a route naming another netdev goes to
+    ``errors`` and leaves what the table had for its destination, as a missing netdev does in
+    the kernel. ``prefixes``: when given, a destination outside them raises ValueError before
+    anything changes (:func:`~linkguard.drivers.routes.check_routes`).
 
-    def __init__(self) -> None:
-        self.routes: dict[object, KernelRoute] = {}
+    ``changes`` counts routes written or deleted, ``reconciles``/``updates`` the calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        netdevs: Collection[str] | None = None,
+        prefixes: Sequence[IPv4Network] = (),
+    ) -> None:
+        self.netdevs = None if netdevs is None else frozenset(netdevs)
+        self.prefixes = tuple(prefixes)
+        self.routes: dict[Destination, KernelRoute] = {}
         self.rules_installed = False
         self.changes = 0
         self.reconciles = 0
@@ -96,39 +114,55 @@ class MemoryRouteTable:
     async def ensure_rules(self) -> None:
         self.rules_installed = True
 
-    async def dump(self) -> dict[object, KernelRoute]:
+    async def dump(self) -> dict[Destination, KernelRoute]:
         return dict(self.routes)
 
+    def _missing(self, route: KernelRoute) -> str | None:
+        if self.netdevs is None:
+            return None
+        return next((n for n in route.netdevs if n not in self.netdevs), None)
+
+    def _put(self, route: KernelRoute, result: ReconcileResult) -> bool:
+        """Write one route (False and an error when it names an unknown netdev)."""
+        missing = self._missing(route)
+        if missing is not None:
+            result.errors.append((route.destination, f"netdev {missing} not found"))
+            return False
+        self.routes[route.destination] = route
+        return True
+
     async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult:
+        """Make the table exactly ``desired`` (see :meth:`RouteTable.reconcile`)."""
+        check_routes(desired, self.prefixes)
         self.reconciles += 1
+        result = ReconcileResult()
         want = {r.destination: r for r in desired}
-        added = replaced = deleted = unchanged = 0
-        for d in list(self.routes):
-            if d not in want:
-                del self.routes[d]
-                deleted += 1
+        for d in [d for d in self.routes if d not in want]:
+            del self.routes[d]
+            result.deleted += 1
         for d, r in want.items():
             cur = self.routes.get(d)
             if cur == r:
-                unchanged += 1
-                continue
-            if cur is None:
-                added += 1
-            else:
-                replaced += 1
-            self.routes[d] = r
-        self.changes += added + replaced + deleted
-        return ReconcileResult(
-            added=added, replaced=replaced, deleted=deleted, unchanged=unchanged, errors=[]
-        )
+                result.unchanged += 1
+            elif self._put(r, result):
+                if cur is None:
+                    result.added += 1
+                else:
+                    result.replaced += 1
+        self.changes += result.changed
+        return result
 
-    async def update(self, upsert: Sequence[KernelRoute], remove=()) -> ReconcileResult:
+    async def update(
+        self, upsert: Sequence[KernelRoute], remove: Iterable[Destination] = ()
+    ) -> ReconcileResult:
+        """Write ``upsert``, delete ``remove`` (see :meth:`RouteTable.update`)."""
+        check_routes(upsert, self.prefixes)
         self.updates += 1
-        for r in upsert:
-            self.routes[r.destination] = r
-        deleted = sum(self.routes.pop(d, None) is not None for d in remove)
-        self.changes += len(upsert) + deleted
-        return ReconcileResult(replaced=len(upsert), deleted=deleted, errors=[])
+        result = ReconcileResult()
+        result.replaced = sum(self._put(r, result) for r in upsert)
+        result.deleted = sum(self.routes.pop(d, None) is not None for d in remove)
+        self.changes += result.changed
+        return result
 
     async def flush(self) -> None:
         self.routes.clear()

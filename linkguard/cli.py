@@ -7,10 +7,11 @@
   linkguard fabric show            summarize a fabric (file or generator): tiers, cables, SUs
   linkguard fabric export          write a fabric as JSON, YAML or Graphviz DOT
   linkguard fabric audit           compare the expected fabric with a dump / an observed fabric
+  linkguard fabric faults          publish the switch-level faults (retained) to the service
   linkguard broker                 an embedded MQTT broker on 127.0.0.1
 
-Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding), 2 bad usage
-or configuration.
+Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
+faults``: broker unreachable), 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -61,6 +62,41 @@ def _nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def _cable(text: str):
+    """``A,B`` or ``A,B,COUNT`` -> a :class:`~linkguard.models.CableRef` (argparse type)."""
+    from pydantic import ValidationError
+
+    from linkguard.models import CableRef
+
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"must be A,B or A,B,COUNT (two switch names, optionally a count), got {text!r}"
+        )
+    if len(parts) == 3 and not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"COUNT must be a whole number, got {parts[2]!r}")
+    try:
+        return CableRef(a=parts[0], b=parts[1], count=int(parts[2]) if len(parts) == 3 else None)
+    except ValidationError as exc:
+        options = {"a": "switch", "b": "switch", "count": "COUNT"}
+        raise argparse.ArgumentTypeError(f"{text!r}: {_first_error(exc, options)}") from None
+
+
+def _first_error(exc, options: dict[str, str] | None = None) -> str:
+    """The first error of a pydantic ``ValidationError`` as a command-line message: the
+    option (``options`` maps field names to options), the value when short, what is wrong."""
+    e = exc.errors()[0]
+    field = str(e["loc"][0]) if e["loc"] else ""
+    where = (options or {}).get(field, field)
+    value = e.get("input")
+    if where and isinstance(value, str) and len(value) <= 60:
+        where += f" {value!r}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "string_pattern_mismatch":
+        msg = "a switch name is letters, digits, '.', '_' and '-', starting with a letter or digit"
+    return f"{where}: {msg}" if where else msg
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -214,6 +250,38 @@ def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"--aggregate applies to DOT only, not to {fmt}")
 
 
+def _check_faults_usage(args: argparse.Namespace) -> None:
+    """``fabric faults``: build the FabricFaults to publish into ``args.faults``; exit 2 (with
+    the subcommand's usage) when the options do not make one."""
+    if args.command != "fabric" or args.fabric_command != "faults":
+        return
+    import time
+
+    from pydantic import ValidationError
+
+    from linkguard.models import FabricFaults
+
+    parser = args.subparser
+    given = bool(args.switch_down or args.cable_down)
+    if args.clear and given:
+        parser.error("--clear publishes an empty set: give it without --switch-down/--cable-down")
+    if not args.clear and not given:
+        parser.error(
+            "nothing to publish: give every --switch-down/--cable-down that is down now (the "
+            "set replaces the previous one), or --clear when nothing is"
+        )
+    try:
+        args.faults = FabricFaults(
+            switches_down=args.switch_down,
+            cables_down=args.cable_down,
+            reason=args.reason,
+            at=time.time(),
+        )
+    except ValidationError as exc:
+        options = {"switches_down": "--switch-down", "reason": "--reason"}
+        parser.error(_first_error(exc, options))
+
+
 def _export_format(args: argparse.Namespace) -> str | None:
     from linkguard.topology.export import format_from_suffix
 
@@ -360,6 +428,63 @@ def build_parser() -> argparse.ArgumentParser:
     fa.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     _add_generator_options(fa, defaults=False)
 
+    fault = fsub.add_parser(
+        "faults",
+        help="publish the switch-level faults known now (switches and switch-to-switch cables "
+        "down) to the topology service",
+        description="Publish the complete set of switch-level faults known now, retained (QoS 1) "
+        "on linkguard/v1/fabric/faults. Each publish replaces the previous set: list everything "
+        "that is still down; --clear publishes an empty set (all repaired). Names are not "
+        "checked here against a fabric: the topology service checks them, refuses a whole set "
+        "that names an unknown switch or a cable its fabric does not have (logged as "
+        "message_dropped; the previous set stays in effect) and keeps the resulting health "
+        "(leaves cut off, uplink capacity, bisection) retained on linkguard/v1/service/health.",
+        epilog="Example: linkguard fabric faults --broker mqtt:1883 --switch-down su3-spine1 "
+        "--cable-down su0-leaf2,su0-spine0,2 --reason CHG-1234. Exit codes: 0 published, 1 "
+        "broker unreachable or publish not confirmed, 2 bad usage or configuration.",
+    )
+    fault.set_defaults(subparser=fault)
+    fault.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        help="the topology service's YAML config: its bus section (broker, credentials) is "
+        "used; LINKGUARD_BUS__* variables override it",
+    )
+    fault.add_argument(
+        "--broker",
+        metavar="HOST:PORT",
+        type=broker_address,
+        help="MQTT broker (default: the config's, else 127.0.0.1:1883)",
+    )
+    fault.add_argument(
+        "--switch-down",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a switch that is down (repeat for several)",
+    )
+    fault.add_argument(
+        "--cable-down",
+        action="append",
+        default=[],
+        type=_cable,
+        metavar="A,B[,COUNT]",
+        help="cables down between switches A and B, either order: all of them, or COUNT of "
+        "the parallel cables there (repeat for other pairs; each pair once)",
+    )
+    fault.add_argument("--reason", help="why, up to 200 characters (e.g. a ticket)")
+    fault.add_argument(
+        "--clear", action="store_true", help="publish an empty set: nothing is down any more"
+    )
+    fault.add_argument(
+        "--timeout",
+        type=_positive(float, lo=0.1, hi=300),
+        default=5.0,
+        metavar="S",
+        help="give up when the broker does not answer within S seconds (default 5)",
+    )
+
     b = sub.add_parser(
         "broker", formatter_class=fmt, help="embedded MQTT broker (amqtt) for single-machine trials"
     )
@@ -377,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--rail {args.rail} is not one of the {args.rails} rails (0-{args.rails - 1})"
         )
     _check_fabric_usage(parser, args)
+    _check_faults_usage(args)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -481,6 +607,8 @@ def _fabric(args: argparse.Namespace) -> int:
     from linkguard.topology.fabric import FabricError, load_fabric
     from linkguard.topology.generator import generate_rail_optimized
 
+    if args.fabric_command == "faults":
+        return _faults(args)
     configure_logging("console", "warning")  # stdout carries the fabric; logs go to stderr
     if args.fabric_command == "audit":
         return _audit(args)
@@ -562,6 +690,64 @@ def _audit(args: argparse.Namespace) -> int:
     text = format_json(findings) if args.format == "json" else format_table(findings)
     code = _write(args.output, text)
     return code or (1 if any(f.severity == "error" for f in findings) else 0)
+
+
+def _faults(args: argparse.Namespace) -> int:
+    """``fabric faults``: publish ``args.faults`` retained; 0 once the broker confirmed it, 1
+    when it cannot be reached or does not confirm, 2 for a bad config."""
+    from linkguard import topics
+    from linkguard.config import ConfigError, ServiceSettings, load_settings
+    from linkguard.logs import configure_logging
+    from linkguard.models import encode
+
+    overrides = {"bus": {"host": args.broker[0], "port": args.broker[1]}} if args.broker else {}
+    try:
+        bus = load_settings(ServiceSettings, args.config, **overrides).bus
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+    # the bus logs every failed connection attempt; one message below says it once
+    configure_logging("console", "error")
+    where = f"{bus.host}:{bus.port}"
+    topic = topics.fabric_faults()
+    try:
+        confirmed = asyncio.run(
+            _publish_retained(bus, topic, encode(args.faults), timeout=args.timeout)
+        )
+    except TimeoutError:
+        return _fail(
+            f"cannot reach the MQTT broker at {where} within {args.timeout:g} s (is it running? "
+            "see --broker, or the bus section of --config); nothing published",
+            1,
+        )
+    if not confirmed:
+        return _fail(f"the broker at {where} did not confirm the publish on {topic}", 1)
+    f = args.faults
+    what = (
+        "no faults (cleared)"
+        if args.clear
+        else f"{len(f.switches_down)} switch(es) down, cables down between "
+        f"{len(f.cables_down)} switch pair(s)"
+    )
+    print(f"published to {topic} on {where} (retained): {what}")
+    return 0
+
+
+async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) -> bool:
+    """Connect to the broker of ``bus`` (BusSettings), publish ``payload`` retained with QoS 1,
+    disconnect. True once the broker acknowledged it; TimeoutError when it cannot be reached
+    within ``timeout`` seconds."""
+    import os
+    import secrets
+
+    from linkguard.bus import Bus
+
+    async with Bus(
+        **bus.connection(),
+        client_id=f"linkguard-cli-{os.getpid()}-{secrets.token_hex(4)}",
+        timeout_s=timeout,
+    ) as client:
+        await client.wait_connected(timeout)
+        return await client.publish(topic, payload, retain=True)
 
 
 def _broker(args: argparse.Namespace) -> int:

@@ -195,10 +195,12 @@ class ServiceSettings(_Base):
         None, description="generator parameters, when there is no fabric file"
     )
     debounce_ms: float = Field(
-        50.0,
+        150.0,
         ge=0,
         le=10_000,
-        description="batch state changes this long before solving (Open/R batches over 10-250 ms)",
+        description="batch state changes this long after the first one before solving (Open/R "
+        "batches over 10-250 ms); above the agents' poll interval (100 ms) so that a leaf "
+        "failure, seen by each of its hosts at its next poll, is solved as one batch",
     )
 
     @model_validator(mode="after")

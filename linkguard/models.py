@@ -23,7 +23,9 @@ __all__ = [
     "AckResult",
     "Backup",
     "BadMessage",
+    "CableRef",
     "DampingStatus",
+    "FabricFaults",
     "HCAInfo",
     "HostInventory",
     "HostStatus",
@@ -35,6 +37,7 @@ __all__ = [
     "PortState",
     "PortStateName",
     "PortStatus",
+    "PrefixRoute",
     "RailAssignment",
     "RouteAssignment",
     "ServiceStatus",
@@ -53,6 +56,10 @@ HCAName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-
 NetdevName = Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.\-@:]+$")]
 PortNum = Annotated[int, Field(ge=1, le=255, description="1-based port number, as in sysfs")]
 RailIndex = Annotated[int, Field(ge=0, le=63)]
+#: A switch name, as ``Switch.name`` in :mod:`linkguard.topology.fabric`.
+SwitchName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+]
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
@@ -229,6 +236,53 @@ class ServiceStatus(_Model):
     started_at: float | None = Field(None, ge=0)
 
 
+class CableRef(_Model):
+    """Switch-to-switch cables between switches ``a`` and ``b`` (either order; any cable kind
+    but ``host-leaf``). ``count``: how many of the parallel cables there are down, taken in the
+    fabric's link order; None = all of them."""
+
+    a: SwitchName
+    b: SwitchName
+    count: int | None = Field(
+        None, ge=1, le=255, description="cables down between a and b; None = all of them"
+    )
+
+    @model_validator(mode="after")
+    def _two_switches(self) -> CableRef:
+        if self.a == self.b:
+            raise ValueError(f"a cable joins two switches, not {self.a!r} to itself")
+        return self
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """``(a, b)`` in name order: the same pair whichever end is named first."""
+        return (self.a, self.b) if self.a <= self.b else (self.b, self.a)
+
+
+class FabricFaults(_Model):
+    """The complete set of switch-level faults known now, retained on ``fabric/faults`` by an
+    operator or a monitor (``linkguard fabric faults``); each message replaces the previous
+    one (empty lists: nothing down). ``switches_down``: switch names; ``cables_down``: cables
+    between two switches (a pair may be listed once). Names are checked against the fabric by
+    the topology service, which refuses the whole set when one is unknown. Bounds: 4,096
+    switches, 32,768 pairs (a generated 2,048-host x 8-rail fabric has 1,024 switches and
+    18,432 cabled switch pairs)."""
+
+    switches_down: list[SwitchName] = Field(default_factory=list, max_length=4096)
+    cables_down: list[CableRef] = Field(default_factory=list, max_length=32768)
+    reason: str | None = Field(None, max_length=200, description="why, e.g. a ticket number")
+    at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
+
+    @model_validator(mode="after")
+    def _pairs_once(self) -> FabricFaults:
+        seen: set[tuple[str, str]] = set()
+        for c in self.cables_down:
+            if c.pair in seen:
+                raise ValueError(f"cables between {c.a} and {c.b} listed twice")
+            seen.add(c.pair)
+        return self
+
+
 class RailAssignment(_Model):
     """Which HCA port carries the traffic of one local GPU."""
 
@@ -252,26 +306,67 @@ class RouteAssignment(_Model):
     gateway: ipaddress.IPv4Address
 
 
+class PrefixRoute(_Model):
+    """The route to every peer endpoint homed on one rail: that rail's endpoint subnet
+    (``Fabric.endpoint_subnets``), on-link out of one local netdev, or several (a multipath
+    route: the kernel hashes flows over equal-weight nexthops) when the home rail is not usable
+    here. No gateway: the peer that owns a destination answers ARP for it on whichever rail the
+    packet arrives. ``rails`` empty means no local rail is usable: an ``unreachable`` route.
+    /32 :class:`RouteAssignment` exceptions of the same plan win over this route (longest
+    prefix)."""
+
+    prefix: ipaddress.IPv4Network
+    home_rail: RailIndex
+    rails: list[RailIndex] = Field(default_factory=list, max_length=64)
+    netdevs: list[NetdevName | None] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> PrefixRoute:
+        if len(self.rails) != len(self.netdevs):
+            raise ValueError(f"{len(self.rails)} rails but {len(self.netdevs)} netdevs")
+        if len(set(self.rails)) != len(self.rails):
+            raise ValueError(f"rail listed twice: {self.rails}")
+        return self
+
+
+def _unique_prefixes(routes: list[PrefixRoute]) -> None:
+    prefixes = [r.prefix for r in routes]
+    if len(set(prefixes)) != len(prefixes):
+        raise ValueError("a prefix is routed twice")
+
+
 class Backup(_Model):
     """Precomputed fast-path change for one local port: what this host switches to on its own
     the moment that port goes down, before the service answers. Only the entries that differ
-    from the plan are listed; ``withdraw`` are destinations with no surviving path."""
+    from the plan are listed (``prefix_routes`` replace the plan's route for the same prefix,
+    ``routes`` add or replace /32 exceptions); ``withdraw`` are destinations with no surviving
+    path (no route, or an ``unreachable`` /32 where a prefix route would cover them)."""
 
     hca: HCAName
     port: PortNum
     rail: RailIndex
     rail_assignments: list[RailAssignment] = Field(default_factory=list, max_length=64)
+    prefix_routes: list[PrefixRoute] = Field(default_factory=list, max_length=64)
     routes: list[RouteAssignment] = Field(default_factory=list, max_length=200_000)
     withdraw: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=200_000)
 
 
 class Plan(_Model):
-    """All assignments for one host, retained on ``plans/<host>``. Epochs only grow."""
+    """All assignments for one host, retained on ``plans/<host>``. Epochs only grow.
+
+    On a fabric with endpoint subnets a plan is compact: one :class:`PrefixRoute` per rail's
+    endpoint subnet, plus /32 ``routes`` only for the endpoints the prefix route would not
+    deliver (their home rail is down at the peer, ...), so its size grows with the number of
+    failures, not with the fleet. Without endpoint subnets every peer endpoint gets a /32 route.
+    ``unreachable``: endpoints with no usable rail in common; where a prefix route covers them
+    the agent installs an ``unreachable`` /32 so no packet goes out over a dead rail.
+    """
 
     host: HostName
     epoch: Epoch
     issued_at: float = Field(ge=0)
     rail_assignments: list[RailAssignment] = Field(default_factory=list, max_length=64)
+    prefix_routes: list[PrefixRoute] = Field(default_factory=list, max_length=64)
     routes: list[RouteAssignment] = Field(default_factory=list, max_length=200_000)
     backups: list[Backup] = Field(default_factory=list, max_length=64)
     unreachable: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=200_000)
@@ -281,14 +376,18 @@ class Plan(_Model):
         dests = [r.destination for r in self.routes]
         if len(set(dests)) != len(dests):
             raise ValueError("plan routes a destination twice")
+        _unique_prefixes(self.prefix_routes)
+        for b in self.backups:
+            _unique_prefixes(b.prefix_routes)
         return self
 
     def same_assignments(self, other: Plan | None) -> bool:
         """True when ``other`` assigns exactly the same (epoch and time aside)."""
         if other is None:
             return False
-        skip = {"epoch", "issued_at"}
-        return self.model_dump(exclude=skip) == other.model_dump(exclude=skip)
+        # Field-wise ==, not model_dump: lists of shared frozen models compare by identity first.
+        a, b = self.__dict__, other.__dict__
+        return all(a[k] == b[k] for k in a if k not in ("epoch", "issued_at"))
 
 
 class AckResult(StrEnum):

@@ -17,10 +17,10 @@ from typing import TextIO
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import embedded_broker
 from linkguard.config import BusSettings
-from linkguard.drivers.simulated import MemoryRouteTable
-from linkguard.models import PortStatus
+from linkguard.models import Plan, PortStatus
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
-from linkguard.topology.fabric import Fabric, generate_rail_optimized
+from linkguard.topology.fabric import Fabric, generate_rail_optimized, home_rails
+from linkguard.topology.solver import egress, nic_load
 
 __all__ = ["QuickstartResult", "run_quickstart"]
 
@@ -75,6 +75,7 @@ async def run_quickstart(
                     f"(epoch {service.state.epoch})"
                 )
                 before = {h: dict(tb.routes) for h, tb in tables.items()}
+                plans0 = {h: a.applier.plan for h, a in agents.items()}
                 rail_of = {
                     h: {a.gpu: a.rail for a in agents[h].applier.plan.rail_assignments}
                     for h in agents
@@ -103,13 +104,18 @@ async def run_quickstart(
                     f"[{res['reroute_all_acked_ms']:7.1f} ms] service re-planned (epoch "
                     f"{service.state.epoch}); every host acked"
                 )
-                moved = _moved(fabric, before, tables)
+                plans1 = {h: a.applier.plan for h, a in agents.items()}
+                moved = _moved(fabric, plans0, plans1)
                 for h in agents:
-                    spread = Counter(r for _, _, r in moved[h])
+                    spread = Counter("+".join(map(str, rails)) for _, rails in moved[h])
                     if spread:
+                        to = ", ".join(
+                            f"{n} via rail {r}" if "+" not in r else f"{n} multipath {r}"
+                            for r, n in sorted(spread.items())
+                        )
                         say(
-                            f"    {h}: {len(moved[h])} peer endpoint routes moved off rail "
-                            f"{victim_rail} -> rails {dict(sorted(spread.items()))}"
+                            f"    {h}: {len(moved[h])} peer endpoints moved off rail "
+                            f"{victim_rail}: {to}"
                         )
                 new_rail = {a.gpu: a.rail for a in va.applier.plan.rail_assignments}
                 for g, r in sorted(new_rail.items()):
@@ -118,12 +124,14 @@ async def run_quickstart(
                             f"    {victim}: rail map GPU {g}: rail {rail_of[victim][g]} -> rail {r}"
                         )
                 res["routes_moved"] = sum(len(m) for m in moved.values())
-                busiest = max(Counter(r.netdev for r in tables[victim].routes.values()).values())
-                normal = max(Counter(r.netdev for r in before[victim].values()).values())
+                others = _endpoints_per_rail(fabric, victim)
+                busiest = max(nic_load(plans1[victim], others).values())
+                normal = max(nic_load(plans0[victim], others).values())
                 res["victim_busiest_nic_load"] = busiest / normal
                 say(
-                    f"    {victim}: busiest NIC now carries {busiest} routes vs {normal} "
-                    f"before ({busiest / normal:.2f}x; one fixed backup NIC would be 2.00x)"
+                    f"    {victim}: busiest NIC now carries {busiest:g} peer endpoints vs "
+                    f"{normal:g} before ({busiest / normal:.2f}x; one fixed backup NIC would be "
+                    "2.00x)"
                 )
 
                 # -- link up ----------------------------------------------------------------
@@ -166,15 +174,29 @@ async def run_quickstart(
 
 
 def _moved(
-    fabric: Fabric, before: dict[str, dict], tables: dict[str, MemoryRouteTable]
-) -> dict[str, list[tuple[object, str | None, int]]]:
-    """Per host: (destination, new netdev, new rail) of every route whose egress changed."""
-    out: dict[str, list[tuple[object, str | None, int]]] = {}
-    for h, tb in tables.items():
-        rail_of = {x.netdev: x.rail for x in fabric.host(h).hcas}
-        out[h] = [
-            (d, r.netdev, rail_of[r.netdev])
-            for d, r in tb.routes.items()
-            if (old := before[h].get(d)) is not None and old.netdev != r.netdev
-        ]
+    fabric: Fabric, before: dict[str, Plan | None], after: dict[str, Plan | None]
+) -> dict[str, list[tuple[object, tuple[int, ...]]]]:
+    """Per host: (peer endpoint, new egress rails) of every endpoint whose egress changed."""
+    out: dict[str, list[tuple[object, tuple[int, ...]]]] = {}
+    for h, plan in after.items():
+        old = before.get(h)
+        out[h] = []
+        if plan is None or old is None:
+            continue
+        for p in fabric.hosts:
+            if p.host == h:
+                continue
+            for ep in p.endpoints:
+                now = egress(plan, ep)
+                if now != egress(old, ep):
+                    out[h].append((ep, now))
     return out
+
+
+def _endpoints_per_rail(fabric: Fabric, host: str) -> dict[int, int]:
+    """Endpoints homed on each rail, the host's own left out."""
+    out: Counter[int] = Counter()
+    for h in fabric.hosts:
+        if h.host != host:
+            out.update(home_rails(h))
+    return dict(out)

@@ -9,6 +9,16 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/plans/<host>                      R  Plan
   linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
   linkguard/v1/service/audit                     R  fleet audit of agent inventories (JSON)
+  linkguard/v1/service/health                    R  switch-level health (JSON, below)
+  linkguard/v1/fabric/faults                     R  FabricFaults (operator -> service; the
+                                                    complete current set, replaces the last)
+
+``service/health`` is published by the topology service after connecting and after every
+accepted ``fabric/faults``: ``Health.summary()`` of :mod:`linkguard.topology.health`
+(``bisection_gbps``, ``nominal_bisection_gbps``, ``leaves_down``, ``leaves_cut_off``,
+``leaves_degraded`` {leaf: fraction of uplink capacity left}, ``hosts_losing_rails``) plus
+``at`` (when it was assessed, Unix seconds) and ``faults`` (the FabricFaults it reflects, as
+JSON; null before any was accepted).
 """
 
 from __future__ import annotations
@@ -26,11 +36,13 @@ __all__ = [
     "all_host_topics",
     "all_plans",
     "events",
+    "fabric_faults",
     "inventory",
     "parse",
     "plan",
     "port_state",
     "service_audit",
+    "service_health",
     "service_status",
     "status",
     "valid_segment",
@@ -81,6 +93,14 @@ def service_audit() -> str:
     return f"{PREFIX}/service/audit"
 
 
+def service_health() -> str:
+    return f"{PREFIX}/service/health"
+
+
+def fabric_faults() -> str:
+    return f"{PREFIX}/fabric/faults"
+
+
 def all_host_topics() -> str:
     """Subscription filter for everything agents publish."""
     return f"{PREFIX}/hosts/#"
@@ -92,7 +112,9 @@ def all_plans() -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    kind: str  # inventory | status | port | events | ack | plan
+    # inventory | status | port | events | ack | plan; host "" for the fabric-wide ones:
+    # service_status | service_audit | service_health | fabric_faults
+    kind: str
     host: str
     hca: str | None = None
     port: int | None = None
@@ -111,6 +133,10 @@ def parse(topic: str) -> ParsedTopic | None:
         return ParsedTopic("service_status", "")
     if parts[2:] == ["service", "audit"]:
         return ParsedTopic("service_audit", "")
+    if parts[2:] == ["service", "health"]:
+        return ParsedTopic("service_health", "")
+    if parts[2:] == ["fabric", "faults"]:
+        return ParsedTopic("fabric_faults", "")
     if parts[2] != "hosts":
         return None
     host = parts[3]

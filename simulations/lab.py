@@ -3,7 +3,8 @@
 Shape (DESIGN.md, "A lab on one machine")::
 
     <prefix>h<H>  one namespace per host: lo up with one /32 endpoint per GPU
-                  (host h, GPU g -> 10.200.h.(g+1)), one veth per rail named ``rail<r>``
+                  (host h, GPU g -> 10.200.h.(g+1); rail-major: 10.200.(128+g%R).(h+1)
+                  for one GPU per rail), one veth per rail named ``rail<r>``
                   with 10.100.r.(h+1)/24; rp_filter=0 (all, default, every interface)
     <prefix>fab   the fabric: one Linux bridge per rail (``leaf<r>``, the rail-r leaf) with the
                   fabric ends of the rail-r veths (``h<h>r<r>``) enslaved to it
@@ -33,7 +34,15 @@ from typing import Any
 
 import structlog
 
-__all__ = ["Lab", "LabError", "LabHost", "LabRail", "endpoint_address", "rail_address"]
+__all__ = [
+    "Lab",
+    "LabError",
+    "LabHost",
+    "LabRail",
+    "endpoint_address",
+    "rail_address",
+    "rail_major_endpoint",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +61,18 @@ class LabError(RuntimeError):
 def endpoint_address(host: int, gpu: int) -> IPv4Address:
     """The /32 endpoint of GPU ``gpu`` on host ``host``: 10.200.host.(gpu+1)."""
     return IPv4Address(f"10.200.{host}.{gpu + 1}")
+
+
+#: Rail-major endpoints: rail r's endpoint subnet is 10.200.(RAIL_MAJOR_BASE + r).0/24.
+RAIL_MAJOR_BASE = 128
+
+
+def rail_major_endpoint(host: int, gpu: int, rails: int, gpus: int) -> IPv4Address:
+    """GPU ``gpu`` of host ``host`` with rail-major addressing: home rail r = gpu % rails, rank
+    j = gpu // rails, k = GPUs per rail and host -> 10.200.(128 + r).(host * k + j + 1)."""
+    k = -(-gpus // rails)
+    r, j = gpu % rails, gpu // rails
+    return IPv4Address(f"10.200.{RAIL_MAJOR_BASE + r}.{host * k + j + 1}")
 
 
 def rail_address(host: int, rail: int) -> IPv4Address:
@@ -107,6 +128,8 @@ class Lab:
     hosts: list[LabHost] = field(default_factory=list)
     #: every namespace this lab created (or tried to), in creation order
     namespaces: list[str] = field(default_factory=list)
+    #: rail -> endpoint subnet with ``rail_major`` addressing, else empty
+    endpoint_subnets: dict[int, ipaddress.IPv4Network] = field(default_factory=dict)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
 
     # -- building -------------------------------------------------------------------------
@@ -119,10 +142,13 @@ class Lab:
         rails: int,
         gpus_per_host: int | None = None,
         prefix: str | None = None,
+        rail_major: bool = False,
     ) -> Lab:
         """Build ``hosts`` host namespaces with ``rails`` rails each and one fabric namespace.
 
-        ``gpus_per_host`` defaults to ``rails``. ``prefix`` names the namespaces
+        ``gpus_per_host`` defaults to ``rails``. ``rail_major``: endpoints are addressed per
+        home rail (:func:`rail_major_endpoint`; :attr:`endpoint_subnets` lists the subnets), so
+        a fabric built on the lab gets prefix-route plans. ``prefix`` names the namespaces
         (``<prefix>h0``, ..., ``<prefix>fab``); default ``lg`` + 6 random hex digits, unique per
         run. Raises ValueError for a shape outside the address plan and :class:`LabError` when
         a command fails (everything created so far is removed first).
@@ -137,7 +163,13 @@ class Lab:
         prefix = prefix or f"lg{secrets.token_hex(3)}"
         if not prefix.replace("-", "").isalnum() or len(prefix) > 40:
             raise ValueError(f"bad namespace prefix {prefix!r}")
+        if rail_major and (hosts * -(-gpus // rails) > 254 or rails > 127):
+            raise ValueError("rail-major lab addresses fit 254 endpoints per rail, 127 rails")
         lab = cls(prefix=prefix, fabric_netns=f"{prefix}fab", rails=rails, gpus_per_host=gpus)
+        if rail_major:
+            lab.endpoint_subnets = {
+                r: ipaddress.IPv4Network(f"10.200.{RAIL_MAJOR_BASE + r}.0/24") for r in range(rails)
+            }
         started = time.monotonic()
         try:
             lab._build(hosts)
@@ -170,7 +202,13 @@ class Lab:
             self._add_netns(ns)
             # before the veths exist, so they inherit it from "default" as well
             self._sysctl(ns, ["all", "default", "lo"])
-            endpoints = [endpoint_address(h, g) for g in range(self.gpus_per_host)]
+            g_n = self.gpus_per_host
+            endpoints = [
+                rail_major_endpoint(h, g, self.rails, g_n)
+                if self.endpoint_subnets
+                else endpoint_address(h, g)
+                for g in range(g_n)
+            ]
             for ep in endpoints:
                 _run(["ip", "-n", ns, "addr", "add", f"{ep}/32", "dev", "lo"])
             lab_rails = []

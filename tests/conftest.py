@@ -10,10 +10,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.support import require_binary
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """Each test starts with structlog's defaults: a command run in-process (``main([...])``)
+    configures logging for the process, and its level would hide later tests' info events
+    from ``capture_logs``."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @dataclass

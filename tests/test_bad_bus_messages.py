@@ -120,7 +120,18 @@ async def test_agent_drops_bad_plan(
 async def test_agent_refuses_out_of_scope_plan_and_acks_the_refusal(agent_on_bus) -> None:
     agent, table, sender, acks = agent_on_bus
     doc = json.loads(_plan_bytes(11))
-    doc["routes"][0]["destination"] = "192.0.2.1"  # outside the endpoint prefixes
+    other = FABRIC.host(OTHER).hcas[0]
+    doc["routes"] = [  # a /32 outside the endpoint prefixes
+        {
+            "destination": "192.0.2.1",
+            "peer": OTHER,
+            "peer_gpu": 0,
+            "rail": 0,
+            "home_rail": 0,
+            "netdev": FABRIC.host(HOST).hcas[0].netdev,
+            "gateway": str(other.address),
+        }
+    ]
     await sender.publish(topics.plan(HOST), json.dumps(doc).encode())
     await until(lambda: agent.stats.plans_refused["out_of_scope"] == 1, "refusal")
     await until(lambda: any(a.epoch == 11 for a in acks), "refusal ack")
@@ -188,16 +199,17 @@ async def test_a_change_during_a_solve_gets_its_own_solve(mosquitto, monkeypatch
     (it once cleared the wake-up and waited forever with the change unplanned)."""
     import threading
 
-    import linkguard.topology.service as service_module
+    from linkguard.topology.state import FabricState
 
     started = threading.Event()
+    compute = FabricState.compute
 
-    def slow_solve(*args, **kwargs):  # the real solver, with a wide window for the race
+    def slow_compute(self, *args, **kwargs):  # the real solver, with a wide window for the race
         started.set()
         time.sleep(0.3)
-        return solve(*args, **kwargs)
+        return compute(self, *args, **kwargs)
 
-    monkeypatch.setattr(service_module, "solve", slow_solve)
+    monkeypatch.setattr(FabricState, "compute", slow_compute)
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
     service = TopologyService(
         ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC

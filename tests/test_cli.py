@@ -38,8 +38,10 @@ async def test_quickstart_moves_the_rail_and_brings_it_back() -> None:
     res = await run_quickstart(hosts=4, rails=4, hold_down_s=1.0, out=out)
     text = out.getvalue()
     assert "local fast path" in text and "re-admitted after hold-down" in text
-    # 3 peers of the victim each move one route to its rail-1 endpoint, and the victim moves
-    # its 3 routes to the peers' rail-1 endpoints: 6 routes, spread over 3 surviving rails.
+    # Counted per (host, peer endpoint) whose egress changed: 3 peers of the victim each get a
+    # /32 exception for its rail-1 endpoint, and the victim's rail-1 prefix route (the peers'
+    # 3 rail-1 endpoints) goes multipath over its 3 surviving rails: 6. Its busiest NIC then
+    # carries 3 + 3/3 = 4 peer endpoints instead of 3.
     assert res["routes_moved"] == 6
     assert res["victim_busiest_nic_load"] == pytest.approx(4 / 3)
     assert res["readmit_ms"] >= 1000

@@ -99,6 +99,51 @@ def test_plan_refuses_duplicate_destination() -> None:
         Plan(host="a", epoch=1, issued_at=0, routes=[r, r])
 
 
+def test_prefix_routes_decode_and_refuse_bad_shapes() -> None:
+    doc = {
+        "host": "a",
+        "epoch": 2,
+        "issued_at": 0,
+        "prefix_routes": [
+            {"prefix": "10.200.0.0/24", "home_rail": 0, "rails": [0], "netdevs": ["rail0"]},
+            {"prefix": "10.200.1.0/24", "home_rail": 1, "rails": [0, 2], "netdevs": ["r0", "r2"]},
+            {"prefix": "10.200.2.0/24", "home_rail": 2, "rails": [], "netdevs": []},
+        ],
+    }
+    plan = decode(Plan, json.dumps(doc))
+    assert [p.rails for p in plan.prefix_routes] == [[0], [0, 2], []]
+    assert decode(Plan, encode(plan)) == plan
+    bad = [
+        ({**doc, "prefix_routes": doc["prefix_routes"][:1] * 2}, "routed twice"),
+        (
+            {**doc, "prefix_routes": [{**doc["prefix_routes"][1], "netdevs": ["r0"]}]},
+            "2 rails but 1 netdevs",
+        ),
+        (
+            {**doc, "prefix_routes": [{**doc["prefix_routes"][0], "prefix": "10.200.0.1/24"}]},
+            "not a valid IPv4 network",
+        ),
+        (
+            {
+                **doc,
+                "backups": [
+                    {
+                        "hca": "m",
+                        "port": 1,
+                        "rail": 0,
+                        "prefix_routes": doc["prefix_routes"][:1] * 2,
+                    }
+                ],
+            },
+            "routed twice",
+        ),
+    ]
+    for payload, message in bad:
+        with pytest.raises(BadMessage, match=message) as exc:
+            decode(Plan, json.dumps(payload))
+        assert exc.value.reason == "invalid"
+
+
 def test_inventory_refuses_two_hcas_on_one_rail() -> None:
     with pytest.raises(ValueError, match="same rail"):
         HostInventory(host="a", hcas=[HCAInfo(hca="mlx5_0", rail=0), HCAInfo(hca="mlx5_1", rail=0)])

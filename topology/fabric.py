@@ -29,6 +29,7 @@ __all__ = [
     "Link",
     "Switch",
     "dump_fabric",
+    "home_rails",
     "load_fabric",
 ]
 
@@ -106,6 +107,12 @@ class Fabric(_Model):
         description="each rail's subnet; when given, every HCA address must lie inside its "
         "rail's subnet (peers use it as an on-link next hop)",
     )
+    endpoint_subnets: dict[int, ipaddress.IPv4Network] = Field(
+        default_factory=dict,
+        description="rail-major endpoint addressing: rail r's subnet holds every GPU endpoint "
+        "whose home rail is r; when given, plans carry one prefix route per rail and /32 "
+        "routes only for exceptions",
+    )
 
     _by_name: dict[str, HostInventory] = PrivateAttr(default_factory=dict)
 
@@ -151,6 +158,7 @@ class Fabric(_Model):
                     )
             for g, ep in enumerate(h.endpoints):
                 claim(ep, f"{h.host} GPU {g} endpoint")
+        self._check_endpoint_subnets()
         switches: set[str] = set()
         for s in self.switches:
             if s.name in switches or s.name in seen:
@@ -176,6 +184,32 @@ class Fabric(_Model):
         self._by_name = seen
         return self
 
+    def _check_endpoint_subnets(self) -> None:
+        nets = sorted(self.endpoint_subnets.items())
+        if not nets:
+            return
+        for i, (ra, a) in enumerate(nets):
+            for rb, b in nets[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"endpoint subnets of rails {ra} ({a}) and {rb} ({b}) overlap")
+            for rr, rn in self.rail_subnets.items():
+                if a.overlaps(rn):
+                    raise ValueError(
+                        f"endpoint subnet of rail {ra} ({a}) overlaps rail {rr}'s subnet {rn}"
+                    )
+        for h in self.hosts:
+            for g, (ep, rail) in enumerate(zip(h.endpoints, home_rails(h), strict=True)):
+                net = self.endpoint_subnets.get(rail)
+                if net is None:
+                    raise ValueError(
+                        f"host {h.host}: GPU {g}'s home rail {rail} has no endpoint subnet"
+                    )
+                if ep not in net:
+                    raise ValueError(
+                        f"host {h.host}: GPU {g} endpoint {ep} is not in its home rail {rail}'s "
+                        f"endpoint subnet {net}"
+                    )
+
     def host(self, name: str) -> HostInventory:
         """The inventory of host ``name``; KeyError naming the host and the fabric if unknown."""
         try:
@@ -192,6 +226,16 @@ class Fabric(_Model):
     def rails(self) -> list[int]:
         """Sorted rail indices present on any host."""
         return sorted({c.rail for h in self.hosts for c in h.hcas})
+
+
+def home_rails(inv: HostInventory) -> list[int]:
+    """Home rail of each GPU of ``inv`` (index = GPU): the ``g % n``-th of the host's n sorted
+    rails, i.e. rail ``g % R`` on a regular fabric (GPU g sits next to the rail-g NIC in the
+    DGX rail-optimized layout). Empty when the host has no HCA."""
+    rails = sorted(c.rail for c in inv.hcas)
+    if not rails:
+        return []
+    return [rails[g % len(rails)] for g in range(len(inv.endpoints))]
 
 
 # --------------------------------------------------------------------------------------------

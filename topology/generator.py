@@ -210,15 +210,18 @@ def rail_subnets(
     return {r: ipaddress.IPv4Network((base + r * size, plen)) for r in range(rails)}
 
 
-def _endpoint_block(prefix: ipaddress.IPv4Network, hosts: int, gpus: int) -> int:
-    """Addresses per host in the endpoint prefix: 256 when it fits, else the largest power of two
-    that fits all hosts while keeping .0 and .255 unused (needs a block > gpus)."""
-    block = 256
-    while block * hosts > prefix.num_addresses and block // 2 > gpus:
-        block //= 2
-    if block * hosts > prefix.num_addresses:
-        raise ValueError(f"endpoint prefix {prefix} too small for {hosts} hosts x {gpus} GPUs")
-    return block
+def _endpoint_subnet_size(
+    prefix: ipaddress.IPv4Network, hosts: int, per_host: int, rails: int
+) -> int:
+    """Size of one rail's endpoint subnet: a power of two >= 256 holding ``hosts * per_host``
+    endpoints plus network and broadcast; ValueError when ``rails`` of them do not fit."""
+    size = max(256, _pow2_at_least(hosts * per_host + 2))
+    if size * rails > prefix.num_addresses:
+        raise ValueError(
+            f"endpoint prefix {prefix} too small: {rails} rails x {size} addresses for "
+            f"{hosts} hosts x {per_host} GPUs per rail"
+        )
+    return size
 
 
 def _spread(cables: int, targets: int, offset: int) -> list[int]:
@@ -277,10 +280,12 @@ def generate_rail_optimized(
       ``size`` = max(256, next power of two >= hosts + 2); host h is the (h+1)-th address of rail
       r's subnet. For <= 254 hosts that is ``10.100.r.(h+1)`` in ``10.100.r.0/24``; for 2,000 hosts
       each rail gets a /21 (``10.100.(8r).0/21``); a /16 holds 8 rails of up to 8,190 hosts.
-    - endpoint of host h, GPU g: ``endpoint_prefix`` + h * block + g + 1 with block = 256 while
-      hosts * 256 fits the prefix (``10.200.h.(g+1)``), else halved until it fits (>= gpus + 1),
-      e.g. 32 per host for 2,048 hosts in a /16, which holds up to 4,096 hosts of 8 GPUs.
-      Endpoints never end in .0 or .255.
+    - endpoints are rail-major (``Fabric.endpoint_subnets``, so plans need one prefix route per
+      rail): GPU g's home rail is r = g % rails and its rank j = g // rails; ``endpoint_prefix``
+      is cut into one subnet per rail of ``esize`` = max(256, next power of two >= hosts * k +
+      2) addresses (k = GPUs per rail and host, rounded up) and the endpoint is the
+      (h * k + j + 1)-th address of rail r's. For <= 254 hosts of 8 GPUs on 8 rails that is
+      ``10.200.r.(h+1)`` in ``10.200.r.0/24``; for 2,048 hosts each rail gets a /20.
 
     Raises ValueError on bad sizes (see :func:`rail_optimized_shape`), more than 64 rails or GPUs
     per host, or prefixes too small for the requested size.
@@ -301,15 +306,17 @@ def generate_rail_optimized(
     rnet = ipaddress.IPv4Network(rail_prefix)
     enet = ipaddress.IPv4Network(endpoint_prefix)
     rsize = _rail_subnet_size(rnet, hosts, rails)
-    block = _endpoint_block(enet, hosts, gpus)
+    per_rail = -(-gpus // rails) if rails else 0
+    esize = _endpoint_subnet_size(enet, hosts, per_rail, rails)
     return Fabric(
         name=name or f"rail-optimized-{hosts}x{rails}",
         hosts=_hosts(
-            hosts, rails, gpus, rnet, enet, rsize, block, host_name, netdev, hca, numa_split
+            hosts, rails, gpus, rnet, enet, rsize, esize, host_name, netdev, hca, numa_split
         ),
         switches=_switches(shape),
         links=_host_links(shape, host_name, hca) + _fabric_links(shape),
         rail_subnets=rail_subnets(rnet, rsize, rails),
+        endpoint_subnets=rail_subnets(enet, esize, rails) if gpus else {},
     )
 
 
@@ -320,7 +327,7 @@ def _hosts(
     rnet: ipaddress.IPv4Network,
     enet: ipaddress.IPv4Network,
     rsize: int,
-    block: int,
+    esize: int,
     host_name: str,
     netdev: str,
     hca: str,
@@ -337,6 +344,12 @@ def _hosts(
     hca_names = [hca.format(r=r) for r in range(rails)]
     netdevs = [netdev.format(r=r) for r in range(rails)]
     IP = ipaddress.IPv4Address
+    per_rail = -(-gpus // rails) if rails else 0
+
+    def endpoint(h: int, g: int) -> IP:
+        r, j = g % rails, g // rails
+        return IP(ebase + r * esize + h * per_rail + j + 1)
+
     return [
         HostInventory(
             host=host_name.format(h=h),
@@ -352,7 +365,7 @@ def _hosts(
                 )
                 for r in range(rails)
             ],
-            endpoints=[IP(ebase + h * block + g + 1) for g in range(gpus)],
+            endpoints=[endpoint(h, g) for g in range(gpus)],
             gpu_numa=gpu_numa,
         )
         for h in range(hosts)

@@ -1,55 +1,80 @@
-"""The pure solver: fabric + which rails each host cannot use -> one plan per host.
+"""The pure solver: fabric + which rails each host cannot use -> one plan per host, kept up to
+date incrementally.
 
 Consumes: a :class:`~linkguard.topology.fabric.Fabric` and ``unusable[host]`` (rails that host
-cannot use now; a host not listed can use all its rails). Produces: a
-:class:`~linkguard.models.Plan` per host with rail assignments (GPU -> HCA port), routes to every
-peer endpoint (egress rail, local netdev, gateway = the peer's address on that rail), the
-destinations with no surviving rail (``unreachable``) and one precomputed :class:`Backup` per
-usable local port. No I/O, no clock: ``epoch`` and ``now`` come from the caller; the same input
-always gives the same plans.
+cannot use now; a host not listed can use all its rails), then changes of ``unusable`` one batch
+at a time (:meth:`Solver.update`). Produces: the hosts whose plan changed and, on demand, their
+:class:`~linkguard.models.Plan` (rail assignments, routes, ``unreachable``, one precomputed
+:class:`~linkguard.models.Backup` per usable local port). No I/O, no clock: ``epoch`` and ``now``
+come from the caller; the same input always gives the same plans, whether reached by one full
+build or by any sequence of updates (the property tests check exactly that).
 
-Rules (rails of a host are its HCAs' rails; ``home(P, g)`` = the ``g % n``-th of P's n sorted
-rails, which is rail ``g % R`` on a regular fabric):
+Two plan forms:
 
-- Rail assignment of local GPU g: its home HCA if usable; else the usable local HCA on the GPU's
-  NUMA node (``gpu_numa[g]``, else the home HCA's node) first, then the one carrying the fewest
-  GPUs moved so far (GPUs in ascending order), then the lowest rail. A GPU with no usable HCA
-  gets no rail assignment.
-- Route from H to endpoint (P, g) with home rail r: rail r when both H and P can use it. Else
-  the survivors ``S`` = rails both can use, ordered same NUMA node as the failed HCA first (the
-  HCA of rail r on the side that lost it, H when both did), then by rail; the route takes
-  ``S[i % len(S)]`` with ``i = offset * k + j``: ``offset`` is the circular distance in fabric
-  order from the failed side to the other host (0 for the next host), ``k`` the number of P's
-  GPUs homed on r, ``j`` the rank of g among them. The routes one failed rail displaces get
-  consecutive ``i`` from every viewpoint (the failed host's own routes to all peers, and all
-  peers' routes towards it), so they spread round-robin over the survivors: with 1 of 8 rails
-  lost and 32 hosts, the busiest surviving NIC goes from 31 to 36 routes (ceil(31 * 8/7)), not
-  62, and the remainder lands on same-NUMA survivors. ``S`` empty -> ``unreachable``.
-- Backups: for each usable local port, H is solved again with that rail added to its own
-  unusable set (peers unchanged: the fast path only uses local knowledge); the backup lists the
-  rail assignments and routes that differ and ``withdraw`` for destinations that lose their
-  last rail. Only routes whose rail or survivor set can change are recomputed (routes on their
-  home rail that is not the one going down stay as they are, exactly as a full re-solve keeps
-  them).
+- **Prefix form** (the fabric has ``endpoint_subnets``: rail-major endpoint addressing, as the
+  generator makes): host H gets one :class:`~linkguard.models.PrefixRoute` per rail d: on-link
+  out of its rail-d netdev when it can use d, else multipath over all its usable rails, else
+  ``unreachable``. A /32 exception is added for endpoint (P, g) with home rail d only when that
+  prefix route would not deliver it: ``d`` usable at H but not at P, or ``d`` not usable at H
+  and P cannot use every rail H's multipath spreads over. Multipaths leave out *degraded*
+  rails (ones at least ``degraded_after`` hosts cannot use, e.g. a leaf's worth) unless that
+  leaves nothing: a leaf failure then costs every other plan one /32 per host of that leaf,
+  and its backups a few, instead of one per host and backup. Only *impaired* peers (hosts that
+  cannot use every rail of the fabric) can need exceptions, so a plan's size grows with the
+  failures, not with the fleet, and an event on host P touches one small, shared computation
+  per class of host instead of every (host, peer) pair.
+- **Explicit form** (no ``endpoint_subnets``: imported or hand-written fabrics): every peer
+  endpoint gets a /32 route, as if every endpoint were its own prefix that is never covered.
+
+Choice of the egress rail where a route cannot use its home rail r (``home(P, g)`` = the
+``g % n``-th of P's n sorted rails): the survivors ``S`` = rails both ends can use, ordered same
+NUMA node as the failed HCA first (the HCA of rail r on the side that lost it, H when both did),
+then by rail; the route takes ``S[(offset * k + j) % len(S)]``: ``offset`` is the circular
+distance in fabric order from the side that lost r to the other host (0 for the next host), ``k``
+the number of P's GPUs homed on r and ``j`` the rank of g among them. The routes one failed rail
+displaces get consecutive indices from every viewpoint (the failed host's own routes to all
+peers, and all peers' routes towards it), so they spread round-robin over the survivors: with
+1 of 8 rails lost the busiest survivor carries at most ceil(8/7) of its normal load in routes.
+``S`` empty -> ``unreachable``. Since both offsets of a pair follow from
+``o = (pos(H) - pos(P) - 1) mod N``, the choices for (H, P) depend on the positions only through
+``o mod lcm(a, a - 1)`` (``a`` = rails usable at both; at most 56 classes on 8 rails): the solver
+computes them once per class and shares them, so a leaf failure costs one computation per class
+and peer, not one per (host, peer).
+
+Rail assignment of local GPU g: its home HCA if usable; else the usable local HCA on the GPU's
+NUMA node (``gpu_numa[g]``, else the home HCA's node) first, then the one carrying the fewest
+GPUs moved so far (GPUs in ascending order), then the lowest rail. No usable HCA: no assignment.
+
+Backups (the agent's fast path, local knowledge only): for each usable local rail r, H is
+solved again with r added to its own unusable set (peers unchanged); the backup lists the prefix
+routes, rail assignments and /32 routes that differ, and ``withdraw`` for destinations that lose
+their last rail. An exception that stays valid is kept rather than re-spread.
+
+Returning ports: the rules are static, so once a rail is usable again (after the agent's
+hold-down) every plan returns to exactly what it was before the failure, in one step.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right, insort
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
 
 from linkguard.models import (
     Backup,
     HCAInfo,
     HostInventory,
     Plan,
+    PrefixRoute,
     RailAssignment,
     RouteAssignment,
 )
-from linkguard.topology.fabric import Fabric
+from linkguard.topology.fabric import Fabric, home_rails
 
-__all__ = ["load_report", "solve"]
+__all__ = ["Solver", "egress", "load_report", "nic_load", "solve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +87,18 @@ class _Host:
     gpu_numa: tuple[int | None, ...]
     # per GPU: (rank among the GPUs homed on the same rail, number of GPUs homed on that rail)
     rank: tuple[tuple[int, int], ...]
+    # what the choice of a route depends on besides the usable sets: rail, netdev, NUMA node
+    sig: tuple[tuple[int, str | None, int | None], ...]
+    rail_set: frozenset[int]
     home_set: frozenset[int]
-    netdevs: tuple[str | None, ...]  # local netdev per rail, in rail order (a cache key)
 
 
-def _index(fabric: Fabric) -> dict[str, _Host]:
-    out: dict[str, _Host] = {}
+def _index(fabric: Fabric) -> list[_Host]:
+    out = []
     for pos, inv in enumerate(fabric.hosts):
         by_rail = {c.rail: c for c in inv.hcas}
         rails = tuple(sorted(by_rail))
-        n = len(rails)
-        home = tuple(rails[g % n] for g in range(len(inv.endpoints))) if n else ()
+        home = tuple(home_rails(inv))
         per_rail = Counter(home)
         seen: Counter[int] = Counter()
         rank = []
@@ -85,24 +111,29 @@ def _index(fabric: Fabric) -> dict[str, _Host]:
             if v is None and home:
                 v = by_rail[home[g]].numa_node
             numa.append(v)
-        out[inv.host] = _Host(
-            inv,
-            pos,
-            rails,
-            by_rail,
-            home,
-            tuple(numa),
-            tuple(rank),
-            frozenset(home),
-            tuple(by_rail[r].netdev for r in rails),
+        sig = tuple((r, by_rail[r].netdev, by_rail[r].numa_node) for r in rails)
+        out.append(
+            _Host(
+                inv,
+                pos,
+                rails,
+                by_rail,
+                home,
+                tuple(numa),
+                tuple(rank),
+                sig,
+                frozenset(rails),
+                frozenset(home),
+            )
         )
     return out
 
 
-def _rail_assignments(h: _Host, usable: frozenset[int]) -> list[RailAssignment]:
+def _rail_choices(h: _Host, usable: frozenset[int]) -> tuple[tuple[int, int], ...]:
+    """(GPU, rail of the HCA that carries it) for every GPU that has a usable HCA."""
     moved: Counter[int] = Counter()
     out = []
-    for g, ep in enumerate(h.inv.endpoints):
+    for g in range(len(h.home)):
         r = h.home[g]
         if r in usable:
             x = r
@@ -116,193 +147,532 @@ def _rail_assignments(h: _Host, usable: frozenset[int]) -> list[RailAssignment]:
                 key=lambda c: (h.by_rail[c].numa_node != numa or numa is None, moved[c], c),
             )
             moved[x] += 1
-        hca = h.by_rail[x]
-        out.append(
-            RailAssignment.model_construct(
-                gpu=g, endpoint=ep, hca=hca.hca, port=hca.port, rail=x, home_rail=r
-            )
+        out.append((g, x))
+    return tuple(out)
+
+
+#: Default of :attr:`Solver.degraded_after`: below this, a rail lost on a few hosts stays in
+#: every multipath (best spread); from it on (a leaf reboot loses one rail on a whole SU of 31-32
+#: hosts) multipaths avoid the rail, which keeps plans and backups free of one /32 per
+#: affected peer (a plan after a leaf failure: ~70 routes instead of ~400).
+DEGRADED_AFTER_HOSTS = 8
+
+#: Marker: the endpoint is delivered by the plan's prefix route (no /32 needed).
+_DEFAULT = "default"
+_NOTHING: tuple[tuple, tuple] = ((), ())
+
+
+#: What peer P adds to host H's plan: the rail choices of :meth:`Solver._template` (endpoints
+#: needing a /32 and the backups that change them); made into route models by :meth:`Solver.plan`.
+_Contrib = tuple[tuple, tuple]
+
+
+@dataclass(slots=True)
+class _Base:
+    """The part of H's plan that depends on H alone: rail assignments, prefix routes and the
+    backups' changes of both."""
+
+    usable: frozenset[int]
+    assignments: tuple[tuple[int, int], ...]  # (GPU, rail)
+    prefix_routes: tuple[PrefixRoute, ...]
+    # rail -> (changed (GPU, rail) assignments, changed prefix routes) when that rail goes down
+    backups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[PrefixRoute, ...]]]
+
+
+@dataclass
+class _Stats:
+    contributions: int = 0  # computed (cache misses)
+    reused: int = 0  # taken from another host of the same class
+    hosts_touched: int = 0
+
+
+@dataclass
+class Solver:
+    """Plans of every host of ``fabric``, kept current under changes of the unusable rails.
+
+    ``Solver(fabric, unusable)`` does the full build (start-up, and the reference the
+    incremental result is checked against); :meth:`update` applies a batch of changes and
+    returns the hosts whose plan changed; :meth:`plan` materializes one host's
+    :class:`~linkguard.models.Plan`. Not thread-safe: one caller at a time.
+    """
+
+    fabric: Fabric
+    unusable: Mapping[str, Iterable[int]] = field(default_factory=dict)
+    #: a rail that at least this many hosts cannot use is *degraded*: multipath prefix routes
+    #: leave it out (see the module docstring); 0 disables
+    degraded_after: int = DEGRADED_AFTER_HOSTS
+    stats: _Stats = field(default_factory=_Stats)
+
+    def __post_init__(self) -> None:
+        self._hosts = _index(self.fabric)
+        self._pos = {h.inv.host: h.pos for h in self._hosts}
+        self.n = len(self._hosts)
+        self.all_rails = frozenset(self.fabric.rails)
+        self.prefix_mode = bool(self.fabric.endpoint_subnets)
+        self._subnets: tuple[tuple[int, IPv4Network], ...] = tuple(
+            sorted(self.fabric.endpoint_subnets.items())
         )
-    return out
-
-
-#: A route as a plain tuple while solving: (rail, netdev, gateway) or None when unreachable.
-_Choice = tuple[int, str | None, object] | None
-
-
-class _Solver:
-    def __init__(self, fabric: Fabric, unusable: Mapping[str, frozenset[int]]) -> None:
-        self.fabric = fabric
-        self.hosts = _index(fabric)
-        self.order = [self.hosts[n] for n in fabric.host_names]
-        self.n = len(self.order)
-        self.unusable = unusable
-        self._usable = {
-            name: frozenset(c for c in h.rails if c not in unusable.get(name, frozenset()))
-            for name, h in self.hosts.items()
-        }
-        # (rails usable on both ends, failed rail, failed host position) -> ordered survivors
-        self._survivors: dict[tuple[frozenset[int], int, int], list[int]] = {}
+        self._survivors: dict[tuple, tuple[int, ...]] = {}
+        self._templates: dict[tuple, tuple[tuple, tuple]] = {}
         self._route_cache: dict[tuple[int, int, int, str | None], RouteAssignment] = {}
-        self._home_cache: dict[tuple[int, tuple[str | None, ...]], list[RouteAssignment]] = {}
+        self._prefix_cache: dict[tuple, tuple[PrefixRoute, ...]] = {}
+        self._base_cache: dict[tuple, _Base] = {}
+        self._ra_cache: dict[tuple[int, int, int], RailAssignment] = {}
+        given = {k: frozenset(v) for k, v in self.unusable.items()}
+        self._usable = [
+            frozenset(c for c in h.rails if c not in given.get(h.inv.host, ())) for h in self._hosts
+        ]
+        self._impaired = {h.pos for h in self._hosts if self._is_impaired(h.pos)}
+        self._lacking: Counter[int] = Counter()
+        for h in self._hosts:
+            self._lacking.update(h.rail_set - self._usable[h.pos])
+        self.degraded = self._degraded_rails()
+        self._base = [self._make_base(h) for h in self._hosts]
+        self._contrib: list[dict[int, _Contrib]] = [{} for _ in self._hosts]
+        # hosts grouped by (sig id, usable rails): a peer's contribution is the same for every
+        # host of a group whose positions agree modulo the survivor counts (module docstring)
+        sids: dict[tuple, int] = {}
+        self._sid = [sids.setdefault(h.sig, len(sids)) for h in self._hosts]
+        self._groups: dict[tuple[int, frozenset[int]], list[int]] = {}
+        for h in self._hosts:
+            self._groups.setdefault((self._sid[h.pos], self._usable[h.pos]), []).append(h.pos)
+        # (group, m) -> position modulo m -> sorted positions; valid until the groups change
+        self._residues: dict[tuple, dict[int, list[int]]] = {}
+        self._cover_cache: dict[tuple, tuple] = {}
+        for p in sorted(self._impaired):
+            self._column(p, set(), fresh=True)
+
+    # ----------------------------------------------------------------------------------------
+    # public API
+
+    @property
+    def host_names(self) -> list[str]:
+        return [h.inv.host for h in self._hosts]
+
+    def unusable_of(self, name: str) -> frozenset[int]:
+        """Rails of ``name`` the solver currently counts as unusable; KeyError if unknown."""
+        h = self._hosts[self._index_of(name)]
+        return h.rail_set - self._usable[h.pos]
+
+    def update(self, unusable: Mapping[str, Iterable[int]]) -> list[str]:
+        """Apply a batch: ``unusable[host]`` is the host's complete new set of unusable rails
+        (hosts not listed keep theirs; unknown hosts and rails the host lacks are ignored).
+        Returns the hosts whose plan changed, in fabric order."""
+        changed_pos = []
+        old_usable: dict[int, frozenset[int]] = {}
+        for name, rails in unusable.items():
+            p = self._pos.get(name)
+            if p is None:
+                continue
+            h = self._hosts[p]
+            bad = frozenset(rails)
+            u = frozenset(c for c in h.rails if c not in bad)
+            if u != self._usable[p]:
+                old_usable.setdefault(p, self._usable[p])
+                self._lacking.subtract(h.rail_set - self._usable[p])
+                self._lacking.update(h.rail_set - u)
+                self._usable[p] = u
+                changed_pos.append(p)
+        if not changed_pos:
+            return []
+        self.stats = _Stats()
+        was = {p: p in self._impaired for p in changed_pos}
+        for p in changed_pos:
+            if self._is_impaired(p):
+                self._impaired.add(p)
+            else:
+                self._impaired.discard(p)
+        dirty: set[int] = set()
+        for p in changed_pos:  # move to the new group
+            key = (self._sid[p], old_usable[p])
+            members = self._groups[key]
+            members.remove(p)
+            if not members:
+                del self._groups[key]
+            insort(self._groups.setdefault((self._sid[p], self._usable[p]), []), p)
+        self._residues.clear()
+        degraded = self._degraded_rails()
+        if degraded != self.degraded:  # every multipath may change: rebuild all, compare
+            self.degraded = degraded
+            return self._rebuild()
+        # the changed hosts themselves: everything is recomputed
+        for p in changed_pos:
+            h = self._hosts[p]
+            old_base, old_row = self._base[p], self._contrib[p]
+            self._base[p] = self._make_base(h)
+            self._contrib[p] = {}
+            self._fill_row(h)
+            if not self._same_base(old_base, self._base[p]) or old_row != self._contrib[p]:
+                dirty.add(p)
+        # everyone else: only the columns of the changed peers
+        skip = {k for k, members in self._groups.items() if all(m in was for m in members)}
+        for p in sorted(changed_pos):
+            if was[p] or p in self._impaired:
+                self._column(p, dirty, skip, fresh=not was[p])
+        self.stats.hosts_touched = len(dirty)
+        return [self._hosts[p].inv.host for p in sorted(dirty)]
+
+    def _degraded_rails(self) -> frozenset[int]:
+        if not self.prefix_mode or self.degraded_after <= 0:
+            return frozenset()
+        return frozenset(r for r, n in self._lacking.items() if n >= self.degraded_after)
+
+    def _rebuild(self) -> list[str]:
+        """Recompute every base and row (the degraded rails changed); the hosts whose plan
+        changed, in fabric order."""
+        old_base, old_rows = self._base, self._contrib
+        self._base = [self._make_base(h) for h in self._hosts]
+        self._contrib = [{} for _ in self._hosts]
+        for p in sorted(self._impaired):
+            self._column(p, set(), fresh=True)
+        return [
+            h.inv.host
+            for h in self._hosts
+            if old_rows[h.pos] != self._contrib[h.pos]
+            or not self._same_base(old_base[h.pos], self._base[h.pos])
+        ]
+
+    def _multipath(self, usable: frozenset[int]) -> frozenset[int]:
+        """The rails a multipath prefix route spreads over: the usable ones that are not
+        degraded, or all usable ones when that leaves none."""
+        return (usable - self.degraded) or usable
+
+    def _column(
+        self, p: int, dirty: set[int], skip: Collection[tuple] = (), *, fresh: bool = False
+    ) -> None:
+        """Set P's contribution in every host's row (None: removed), one computation per
+        residue class of each host group; hosts whose contribution changed go to ``dirty``.
+        Groups in ``skip`` hold only hosts whose rows were just rebuilt whole; ``fresh``: no
+        row holds an entry for P (it was not impaired)."""
+        ph = self._hosts[p]
+        up = self._usable[p]
+        impaired = p in self._impaired
+        rows = self._contrib
+        for key, members in self._groups.items():
+            if key in skip:
+                continue
+            a = len(key[1] & up)
+            m = math.lcm(a, a - 1) if a > 1 else 1
+            for lst in self._classes(key, members, m, p):
+                c = self._contribution(self._hosts[lst[0]], ph) if impaired else None
+                if len(lst) > 1:
+                    self.stats.reused += len(lst) - 1
+                if fresh:  # P was not impaired: no row has an entry for it yet
+                    if c is not None:
+                        for pos in lst:
+                            rows[pos][p] = c
+                        dirty.update(lst)
+                    continue
+                for pos in lst:
+                    row = rows[pos]
+                    old = row.get(p)
+                    if old is c:
+                        continue
+                    if c is None:
+                        del row[p]
+                    else:
+                        row[p] = c
+                    if old is None or old != c:
+                        dirty.add(pos)
+
+    def _classes(self, key: tuple, members: list[int], m: int, p: int) -> Iterable[list[int]]:
+        """``members`` other than ``p`` split by their offset from P, ``(pos - p - 1) mod n``,
+        modulo ``m``: the hosts of one list get the same contribution from P."""
+        by_res = self._residues.get((key, m))
+        if by_res is None:  # members by position modulo m (sorted), cached per update
+            by_res = {}
+            for pos in members:
+                by_res.setdefault(pos % m, []).append(pos)
+            self._residues[(key, m)] = by_res
+        n = self.n
+        out: dict[int, list[int]] = {}
+        for c, lst in by_res.items():
+            i = bisect_right(lst, p)
+            after = lst[i:]  # offset pos - p - 1
+            before = lst[: i - 1] if i and lst[i - 1] == p else lst[:i]  # offset + n
+            if after:
+                out.setdefault((c - p - 1) % m, []).extend(after)
+            if before:
+                out.setdefault((c - p - 1 + n) % m, []).extend(before)
+        return out.values()
+
+    def plan(self, name: str, *, epoch: int, now: float) -> Plan:
+        """The current plan of ``name`` (KeyError if unknown) with ``epoch`` and ``issued_at``."""
+        h = self._hosts[self._index_of(name)]
+        base = self._base[h.pos]
+        row = self._contrib[h.pos]
+        routes: list[RouteAssignment] = []
+        unreachable: list[IPv4Address] = []
+        bk: dict[int, tuple[list[RouteAssignment], list[IPv4Address]]] = {
+            r: ([], []) for r in h.rails if r in base.usable
+        }
+        rm = self._route_model
+        for p in sorted(row):
+            plan_t, backups_t = row[p]
+            ph = self._hosts[p]
+            eps = ph.inv.endpoints
+            for g, x in plan_t:
+                if x is None:
+                    unreachable.append(eps[g])
+                else:
+                    routes.append(rm(h, ph, g, x))
+            for r, ents in backups_t:
+                rr, ww = bk[r]
+                for g, x in ents:
+                    if x is None:
+                        ww.append(eps[g])
+                    else:
+                        rr.append(rm(h, ph, g, x))
+        backups = []
+        for r, (rr, ww) in bk.items():
+            hca = h.by_rail[r]
+            ra, pr = base.backups[r]
+            backups.append(
+                Backup.model_construct(
+                    hca=hca.hca,
+                    port=hca.port,
+                    rail=r,
+                    rail_assignments=[self._ra_model(h, g, x) for g, x in ra],
+                    prefix_routes=list(pr),
+                    routes=rr,
+                    withdraw=ww,
+                )
+            )
+        return Plan.model_construct(
+            host=h.inv.host,
+            epoch=epoch,
+            issued_at=now,
+            rail_assignments=[self._ra_model(h, g, x) for g, x in base.assignments],
+            prefix_routes=list(base.prefix_routes),
+            routes=routes,
+            backups=backups,
+            unreachable=unreachable,
+        )
+
+    def plans(
+        self, names: Iterable[str] | None = None, *, epoch: int, now: float
+    ) -> dict[str, Plan]:
+        """Plans of ``names`` (default: every host, in fabric order)."""
+        names = self.host_names if names is None else list(names)
+        return {n: self.plan(n, epoch=epoch, now=now) for n in names}
+
+    # ----------------------------------------------------------------------------------------
+    # internals
+
+    def _index_of(self, name: str) -> int:
+        try:
+            return self._pos[name]
+        except KeyError:
+            raise KeyError(f"no host {name!r} in fabric {self.fabric.name!r}") from None
+
+    def _is_impaired(self, p: int) -> bool:
+        """Can P's endpoints need a /32 at some host? Always in explicit form."""
+        return (not self.prefix_mode) or self._usable[p] != self.all_rails
 
     @staticmethod
-    def _order_survivors(failed: _Host, both: frozenset[int], r: int) -> list[int]:
+    def _same_base(a: _Base, b: _Base) -> bool:
+        return (
+            a.assignments == b.assignments
+            and a.prefix_routes == b.prefix_routes
+            and a.backups == b.backups
+        )
+
+    def _prefix_routes(self, h: _Host, usable: frozenset[int]) -> tuple[PrefixRoute, ...]:
+        if not self.prefix_mode:
+            return ()
+        key = (h.sig, usable, self.degraded)
+        out = self._prefix_cache.get(key)
+        if out is not None:
+            return out
+        multi = sorted(self._multipath(usable))
+        routes = []
+        for d, net in self._subnets:
+            rails = [d] if d in usable else multi
+            routes.append(
+                PrefixRoute.model_construct(
+                    prefix=net,
+                    home_rail=d,
+                    rails=list(rails),
+                    netdevs=[h.by_rail[r].netdev for r in rails],
+                )
+            )
+        out = tuple(routes)
+        self._prefix_cache[key] = out
+        return out
+
+    def _make_base(self, h: _Host) -> _Base:
+        """H's base; shared by hosts with the same rails, NUMA layout and usable set."""
+        u = self._usable[h.pos]
+        key = (h.sig, h.home, h.gpu_numa, u, self.degraded)
+        base = self._base_cache.get(key)
+        if base is not None:
+            return base
+        ra = _rail_choices(h, u)
+        pr = self._prefix_routes(h, u)
+        backups = {}
+        before = dict(ra)
+        for r in h.rails:
+            if r not in u:
+                continue
+            less = u - {r}
+            ra2 = tuple((g, x) for g, x in _rail_choices(h, less) if before.get(g) != x)
+            pr2 = tuple(b for a, b in zip(pr, self._prefix_routes(h, less), strict=True) if a != b)
+            backups[r] = (ra2, pr2)
+        base = self._base_cache[key] = _Base(u, ra, pr, backups)
+        return base
+
+    def _ra_model(self, h: _Host, g: int, x: int) -> RailAssignment:
+        key = (h.pos, g, x)
+        m = self._ra_cache.get(key)
+        if m is None:
+            hca = h.by_rail[x]
+            m = self._ra_cache[key] = RailAssignment.model_construct(
+                gpu=g,
+                endpoint=h.inv.endpoints[g],
+                hca=hca.hca,
+                port=hca.port,
+                rail=x,
+                home_rail=h.home[g],
+            )
+        return m
+
+    def _fill_row(self, h: _Host) -> None:
+        """H's contributions from every impaired peer (full build of one row)."""
+        row = self._contrib[h.pos]
+        for p in sorted(self._impaired):
+            if p == h.pos:
+                continue
+            c = self._contribution(h, self._hosts[p])
+            if c is not None:
+                row[p] = c
+
+    def _covers(self, uh: frozenset[int], up: frozenset[int]) -> tuple:
+        """For H (usable ``uh``) and P (``up``): the home rails H's prefix routes deliver, and
+        per usable local rail r: (r, uh - {r}, the home rails delivered once r is down too),
+        and the home rails delivered in all those cases."""
+        key = (uh, up, self.degraded)
+        out = self._cover_cache.get(key)
+        if out is None:
+            rails = self.all_rails | up
+            cov = frozenset(d for d in rails if self._covered(uh, up, d))
+            bcov = []
+            full = cov
+            for r in sorted(uh):
+                less = uh - {r}
+                bc = frozenset(d for d in rails if self._covered(less, up, d))
+                bcov.append((r, less, bc))
+                full &= bc
+            out = self._cover_cache[key] = (cov, tuple(bcov), full)
+        return out
+
+    def _covered(self, uh: frozenset[int], up: frozenset[int], d: int) -> bool:
+        """Does H's prefix route for rail d deliver to an endpoint of P homed on d?"""
+        if not self.prefix_mode:
+            return False
+        if not uh:
+            return True  # the prefix route is `unreachable`: so is every endpoint
+        if d in uh:
+            return d in up
+        return self._multipath(uh) <= up
+
+    def _contribution(self, h: _Host, p: _Host) -> _Contrib | None:
+        """P's contribution to H (None when it adds nothing)."""
+        self.stats.contributions += 1
+        t = self._template(h, p)
+        return None if t is _NOTHING or (not t[0] and not t[1]) else t
+
+    def _template(self, h: _Host, p: _Host) -> tuple[tuple, tuple]:
+        """The rail choices behind P's contribution to H, as ``(plan, backups)``: ``plan`` =
+        ((g, rail or None), ...) for P's endpoints that need a /32 (None: unreachable),
+        ``backups`` = ((r, ((g, rail or None), ...)), ...) per local rail r whose backup
+        changes them. Shared by every (H, P) with the same rails, usable sets, NUMA layout
+        and ``pos(H) + pos(P)`` modulo the survivor counts (all a choice depends on)."""
+        uh, up = self._usable[h.pos], self._usable[p.pos]
+        cov, bcov, full = self._covers(uh, up)
+        if p.home_set <= full:
+            return _NOTHING  # every endpoint delivered by the prefix routes, backups too
+        a = len(uh & up)
+        m = math.lcm(a, a - 1) if a > 1 else 1
+        key = (h.sig, uh, p.sig, p.home, up, (h.pos - p.pos - 1) % self.n % m, self.degraded)
+        t = self._templates.get(key)
+        if t is not None:
+            return t
+        plan: list[tuple[int, int | None]] = []
+        bk: dict[int, list[tuple[int, int | None]]] = {}
+        choose = self._choose
+        for g, d in enumerate(p.home):
+            if d in cov:
+                cur: object = _DEFAULT
+            else:
+                cur = choose(h, uh, p, up, g)
+                plan.append((g, cur))
+            for r, less, bc in bcov:
+                if cur is _DEFAULT:
+                    if d in bc:
+                        continue  # the prefix route still delivers it
+                elif cur is None or cur != r:
+                    continue  # still unreachable, or an exception that stays valid: kept
+                new = choose(h, less, p, up, g)
+                if new != cur:
+                    bk.setdefault(r, []).append((g, new))
+        t = (tuple(plan), tuple((r, tuple(e)) for r, e in sorted(bk.items())))
+        if len(self._templates) > 200_000:  # bound memory over long runs of odd failures
+            self._templates.clear()
+        self._templates[key] = t
+        return t
+
+    def _order_survivors(self, failed: _Host, both: frozenset[int], r: int) -> tuple[int, ...]:
         """Survivors on the failed HCA's NUMA node first, then the rest, each by rail."""
+        key = (both, r, failed.sig)
+        s = self._survivors.get(key)
+        if s is not None:
+            return s
         hca = failed.by_rail.get(r)
         numa = hca.numa_node if hca is not None else None
 
-        def key(c: int) -> tuple[bool, int]:
+        def order(c: int) -> tuple[bool, int]:
             other = failed.by_rail.get(c)
             same = numa is not None and other is not None and other.numa_node == numa
             return (not same, c)
 
-        return sorted(both, key=key)
+        s = tuple(sorted(both, key=order))
+        self._survivors[key] = s
+        return s
 
-    def choose(self, h: _Host, uh: frozenset[int], p: _Host, up: frozenset[int], g: int) -> _Choice:
-        """Egress rail for H -> endpoint g of P (see module docstring)."""
+    def _choose(
+        self, h: _Host, uh: frozenset[int], p: _Host, up: frozenset[int], g: int
+    ) -> int | None:
+        """Egress rail for H -> endpoint g of P (see module docstring), None if none."""
         r = p.home[g]
         if r in uh and r in up and r in h.by_rail:
-            x = r
-        else:
-            if r not in uh and r in h.by_rail:
-                failed, other = h, p
-            elif r not in up and r in p.by_rail:
-                failed, other = p, h
-            else:  # rail missing on one side (irregular fabric): index from H
-                failed, other = h, p
-            both = uh & up
-            key = (both, r, failed.pos)
-            s = self._survivors.get(key)
-            if s is None:
-                s = self._order_survivors(failed, both, r)
-                self._survivors[key] = s
-            if not s:
-                return None
-            j, k = p.rank[g]
-            offset = (other.pos - failed.pos - 1) % self.n
-            x = s[(offset * k + j) % len(s)]
-        hca = h.by_rail[x]
-        return (x, hca.netdev, p.by_rail[x].address)
+            return r
+        if r not in up and r in p.by_rail and not (r not in uh and r in h.by_rail):
+            failed, offset = p, (h.pos - p.pos - 1) % self.n
+        else:  # H lost r (or lacks it: irregular fabric)
+            failed, offset = h, (p.pos - h.pos - 1) % self.n
+        s = self._order_survivors(failed, uh & up, r)
+        if not s:
+            return None
+        j, k = p.rank[g]
+        return s[(offset * k + j) % len(s)]
 
-    def home_choice(self, h: _Host, p: _Host, g: int) -> tuple[int, str | None, object]:
-        r = p.home[g]
-        return (r, h.by_rail[r].netdev, p.by_rail[r].address)
-
-    def route_model(self, p: _Host, g: int, c: tuple[int, str | None, object]) -> RouteAssignment:
+    def _route_model(self, h: _Host, p: _Host, g: int, x: int) -> RouteAssignment:
         # Frozen models are shared between plans: one object per (peer, GPU, rail, netdev).
-        key = (p.pos, g, c[0], c[1])
+        netdev = h.by_rail[x].netdev
+        key = (p.pos, g, x, netdev)
         m = self._route_cache.get(key)
         if m is None:
             m = RouteAssignment.model_construct(
                 destination=p.inv.endpoints[g],
                 peer=p.inv.host,
                 peer_gpu=g,
-                rail=c[0],
+                rail=x,
                 home_rail=p.home[g],
-                netdev=c[1],
-                gateway=c[2],
+                netdev=netdev,
+                gateway=p.by_rail[x].address,
             )
             self._route_cache[key] = m
         return m
-
-    def _home_routes(self, h: _Host, p: _Host) -> list[RouteAssignment]:
-        """H's routes to all of P's endpoints on their home rails (cached per netdev naming)."""
-        key = (p.pos, h.netdevs)
-        models = self._home_cache.get(key)
-        if models is None:
-            models = [
-                self.route_model(p, g, self.home_choice(h, p, g))
-                for g in range(len(p.inv.endpoints))
-            ]
-            self._home_cache[key] = models
-        return models
-
-    def plan(self, name: str, *, epoch: int, now: float) -> Plan:
-        h = self.hosts[name]
-        uh = self._usable[name]
-        routes: list[RouteAssignment] = []
-        unreachable = []
-        # For the backups: routes on their home rail, per rail, and every other one (moved or
-        # unreachable) with its current choice.
-        on_home: dict[int, list[tuple[_Host, int]]] = {}
-        off_home: dict[tuple[int, int], _Choice] = {}
-        for p in self.order:
-            if p is h:
-                continue
-            up = self._usable[p.inv.host]
-            both = uh & up
-            if p.home_set <= both:
-                routes.extend(self._home_routes(h, p))
-                for g, r in enumerate(p.home):
-                    on_home.setdefault(r, []).append((p, g))
-                continue
-            for g in range(len(p.inv.endpoints)):
-                c = self.choose(h, uh, p, up, g)
-                if c is None:
-                    unreachable.append(p.inv.endpoints[g])
-                    off_home[(p.pos, g)] = None
-                    continue
-                routes.append(self.route_model(p, g, c))
-                if c[0] == p.home[g]:
-                    on_home.setdefault(c[0], []).append((p, g))
-                else:
-                    off_home[(p.pos, g)] = c
-        assignments = _rail_assignments(h, uh)
-        moved = [(self.order[pos], g) for pos, g in off_home]
-        backups = []
-        for rail in h.rails:
-            if rail not in uh:
-                continue
-            # Routes that can change when `rail` goes down too: those on it as their home rail
-            # and every moved one (its survivor set shrinks). A route on its home rail r != rail
-            # keeps r in a full re-solve as well.
-            redo = on_home.get(rail, [])
-            if moved:
-                redo = sorted(redo + moved, key=lambda pg: (pg[0].pos, pg[1]))
-            backups.append(self._backup(h, uh, rail, off_home, redo, assignments))
-        return Plan(
-            host=name,
-            epoch=epoch,
-            issued_at=now,
-            rail_assignments=assignments,
-            routes=routes,
-            backups=backups,
-            unreachable=unreachable,
-        )
-
-    def _backup(
-        self,
-        h: _Host,
-        uh: frozenset[int],
-        rail: int,
-        off_home: dict[tuple[int, int], _Choice],
-        redo: list[tuple[_Host, int]],
-        assignments: list[RailAssignment],
-    ) -> Backup:
-        less = uh - {rail}
-        routes = []
-        withdraw = []
-        for p, g in redo:
-            c = self.choose(h, less, p, self._usable[p.inv.host], g)
-            key = (p.pos, g)
-            old = off_home[key] if key in off_home else self.home_choice(h, p, g)
-            if c == old:
-                continue
-            if c is None:
-                withdraw.append(p.inv.endpoints[g])
-            else:
-                routes.append(self.route_model(p, g, c))
-        before = {a.gpu: a for a in assignments}
-        changed = [a for a in _rail_assignments(h, less) if before.get(a.gpu) != a]
-        hca = h.by_rail[rail]
-        return Backup(
-            hca=hca.hca,
-            port=hca.port,
-            rail=rail,
-            rail_assignments=changed,
-            routes=routes,
-            withdraw=withdraw,
-        )
 
 
 def solve(
@@ -312,8 +682,9 @@ def solve(
     epoch: int,
     now: float,
     hosts: Iterable[str] | None = None,
+    degraded_after: int = DEGRADED_AFTER_HOSTS,
 ) -> dict[str, Plan]:
-    """Plans for ``hosts`` (default: every host of ``fabric``, in fabric order).
+    """Plans for ``hosts`` (default: every host of ``fabric``, in fabric order): a full build.
 
     ``unusable[host]`` is the set of rails that host cannot use now (down, held down,
     suppressed); rails not listed, and hosts not listed, are usable. Unknown hosts in
@@ -321,17 +692,60 @@ def solve(
     (wall-clock seconds) are copied into every plan. Deterministic: the same arguments give
     equal plans. See the module docstring for the rules.
     """
-    s = _Solver(fabric, unusable)
-    names = fabric.host_names if hosts is None else list(hosts)
-    out: dict[str, Plan] = {}
-    for name in names:
-        fabric.host(name)  # KeyError with a clear message
-        out[name] = s.plan(name, epoch=epoch, now=now)
+    s = Solver(fabric, unusable, degraded_after=degraded_after)
+    return s.plans(hosts, epoch=epoch, now=now)
+
+
+def egress(plan: Plan, destination: IPv4Address) -> tuple[int, ...]:
+    """The local rails ``plan`` sends ``destination`` out of, by longest prefix: its /32 route,
+    else ``()`` when it is listed unreachable, else the rails of the prefix route covering it
+    (several = multipath, ``()`` = an unreachable prefix), else ``()`` (no route)."""
+    for r in plan.routes:
+        if r.destination == destination:
+            return (r.rail,)
+    if destination in plan.unreachable:
+        return ()
+    for pr in plan.prefix_routes:
+        if destination in pr.prefix:
+            return tuple(pr.rails)
+    return ()
+
+
+def nic_load(
+    plan: Plan, fabric_endpoints_per_rail: Mapping[int, int] | None = None
+) -> dict[int, float]:
+    """Destinations carried per local egress rail of one plan (a multipath prefix route counts
+    1/n of its endpoints on each of its n rails; /32 exceptions count 1 on their rail and are
+    taken out of the prefix they override). ``fabric_endpoints_per_rail``: endpoints homed on
+    each rail in the whole fabric excluding this host's own (needed for prefix routes; without
+    it only /32 routes are counted)."""
+    load: Counter[int] = Counter()
+    over: Counter[int] = Counter(r.home_rail for r in plan.routes)
+    over.update(Counter(_home_of_unreachable(plan)))
+    for r in plan.routes:
+        load[r.rail] += 1
+    if fabric_endpoints_per_rail:
+        for pr in plan.prefix_routes:
+            n = fabric_endpoints_per_rail.get(pr.home_rail, 0) - over.get(pr.home_rail, 0)
+            for x in pr.rails:
+                load[x] += n / len(pr.rails)
+    return dict(sorted(load.items()))
+
+
+def _home_of_unreachable(plan: Plan) -> list[int]:
+    nets = {pr.home_rail: pr.prefix for pr in plan.prefix_routes}
+    out = []
+    for ep in plan.unreachable:
+        for d, net in nets.items():
+            if ep in net:
+                out.append(d)
+                break
     return out
 
 
 def load_report(plans: Mapping[str, Plan]) -> dict[str, dict[int, int]]:
-    """Per host, the number of routes per egress rail (rails with no route are left out)."""
+    """Per host, the number of /32 routes per egress rail (rails with no route are left out).
+    For prefix-form plans see :func:`nic_load`."""
     return {
         host: dict(sorted(Counter(r.rail for r in plan.routes).items()))
         for host, plan in plans.items()

@@ -1,8 +1,10 @@
 """The applier: puts a plan in place on this host.
 
 Consumes: validated plans and the set of locally down ports. Produces: routes in linkguard's
-own table (through a :class:`~linkguard.drivers.routes.RouteTable`), the rail map file (written
-atomically), the last plan persisted in the state dir, and :class:`~linkguard.models.Ack`s.
+own table (through a :class:`~linkguard.drivers.routes.RouteTable`: on-link prefix routes, /32
+exceptions via a gateway, ``unreachable`` /32s; see :func:`kernel_routes`), the rail map file
+(written atomically), the last plan persisted in the state dir, and
+:class:`~linkguard.models.Ack`s.
 Every apply is a full reconcile of the table against the plan, so a restart, a missed message or
 a hand-edited table converge to the plan with no duplicates and no churn for unchanged routes.
 """
@@ -15,17 +17,16 @@ import os
 import tempfile
 import time
 from collections.abc import Collection, Iterable, Sequence
-from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
-from linkguard.agent.plans import PlanRefused, check_plan, effective, rail_map
-from linkguard.drivers.routes import KernelRoute, ReconcileResult
+from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
+from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, Plan, decode
 
-__all__ = ["Applier", "RouteTableLike", "atomic_write"]
+__all__ = ["Applier", "RouteTableLike", "atomic_write", "kernel_routes"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,9 +39,27 @@ class RouteTableLike(Protocol):
     async def ensure_rules(self) -> None: ...
     async def reconcile(self, desired: Sequence[KernelRoute]) -> ReconcileResult: ...
     async def update(
-        self, upsert: Sequence[KernelRoute], remove: Iterable[IPv4Address] = ()
+        self, upsert: Sequence[KernelRoute], remove: Iterable[Destination] = ()
     ) -> ReconcileResult: ...
     async def flush(self) -> None: ...
+
+
+def kernel_routes(eff: Effective) -> dict[Destination, KernelRoute]:
+    """The table ``eff`` asks for, by destination: each prefix route on-link out of its
+    netdevs (one: a plain route; several: multipath; none: ``unreachable``), each /32
+    exception via its gateway, and an ``unreachable`` /32 for each of ``eff.unreachable``.
+    A /32 exception wins over a prefix route written as a /32 for the same address."""
+    out: dict[Destination, KernelRoute] = {}
+    for p in eff.prefix_routes:
+        hops = tuple(n for n in p.netdevs if n is not None)  # check_plan refused None ones
+        kind = "unicast" if hops else "unreachable"
+        route = KernelRoute(p.prefix, nexthops=hops, kind=kind)
+        out[route.destination] = route
+    for r in eff.routes:
+        out[r.destination] = KernelRoute(r.destination, r.gateway, r.netdev)
+    for d in eff.unreachable:
+        out[d] = KernelRoute(d, kind="unreachable")
+    return out
 
 
 def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> None:
@@ -83,7 +102,7 @@ class Applier:
         self.locally_down: set[str] = set()
         self.last_result: ReconcileResult | None = None
         #: what this applier put in the table, as of its last change
-        self.installed: dict[IPv4Address, KernelRoute] = {}
+        self.installed: dict[Destination, KernelRoute] = {}
 
     @property
     def applied_epoch(self) -> int | None:
@@ -202,12 +221,7 @@ class Applier:
         only changes what its backup changes, so it costs the same on any table size."""
         assert self.plan is not None
         eff = effective(self.plan, self.locally_down)
-        desired = {
-            r.destination: KernelRoute(
-                destination=r.destination, gateway=r.gateway, netdev=r.netdev
-            )
-            for r in eff.routes
-        }
+        desired = kernel_routes(eff)
         if full:
             self.last_result = await self.table.reconcile(list(desired.values()))
         else:

@@ -31,16 +31,20 @@ async def test_apply_fast_path_and_withdraw(tmp_path: Path) -> None:
     table = MemoryRouteTable()
     a = _applier(tmp_path, table)
     await a.start()
-    ack = await a.apply(solve(FABRIC, {}, epoch=3, now=0.0)[HOST])
+    plan = solve(FABRIC, {}, epoch=3, now=0.0)[HOST]
+    ack = await a.apply(plan)
     assert (ack.result, ack.epoch, ack.fast_path) == ("applied", 3, False)
     assert {r.netdev for r in table.routes.values()} == {"rail0", "rail1"}
     changes = table.changes
     fast = await a.port_down("mlx5_0/1")
     assert fast is not None and fast.fast_path and fast.epoch == 3
     assert {r.netdev for r in table.routes.values()} == {"rail1"}
-    # the fast path touches only the backup's routes (2 peers x 1 rail-0 endpoint), no full
-    # reconcile of the table
-    assert (table.reconciles, table.updates, table.changes - changes) == (1, 1, 2)
+    # the fast path touches only the backup's entries (each differs from the plan; /32 routes
+    # for a plan of /32s, the rail-0 prefix route for a compact one), no full reconcile
+    (backup,) = [b for b in plan.backups if b.hca == "mlx5_0"]
+    assert not backup.withdraw  # nothing is lost with one rail left
+    touched = len(backup.prefix_routes) + len(backup.routes)
+    assert (table.reconciles, table.updates, table.changes - changes) == (1, 1, touched)
     assert '"nccl_ib_hca": "=mlx5_1:1"' in (tmp_path / "rail-map.json").read_text()
     assert (tmp_path / "rail-map.json").stat().st_mode & 0o777 == 0o644  # jobs are not root
     await a.withdraw()

@@ -51,7 +51,23 @@ def lab_fabric(lab: Lab, *, hca: Callable[[int], str] = lambda r: f"mlx5_{r}") -
                 endpoints=h.endpoints,
             )
         )
-    return Fabric(name=f"lab-{lab.prefix}", hosts=hosts)
+    return Fabric(name=f"lab-{lab.prefix}", hosts=hosts, endpoint_subnets=lab.endpoint_subnets)
+
+
+def kernel_table(netns: str, table: int = TABLE) -> dict[str, tuple]:
+    """destination -> (type, gateway, devs) of one table, as ``ip -j route`` shows it; devs is
+    a sorted tuple (several for a multipath route)."""
+    out = subprocess.run(
+        ["ip", "-n", netns, "-j", "route", "show", "table", str(table)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    res = {}
+    for r in json.loads(out or "[]"):
+        devs = [r["dev"]] if "dev" in r else [n["dev"] for n in r.get("nexthops", [])]
+        res[r["dst"]] = (r.get("type", "unicast"), r.get("gateway"), tuple(sorted(devs)))
+    return res
 
 
 def kernel_routes(netns: str, table: int = TABLE) -> dict[str, tuple[str | None, str | None]]:

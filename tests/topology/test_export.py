@@ -142,7 +142,7 @@ def test_summary_counts(cored: Fabric, two_su: Fabric) -> None:
     assert "  switches  4 leaves, 4 spines, 0 core\n" in text
     assert "    leaf-spine        64 x 400 Gb/s\n" in text
     assert "  first 2 of 32 hosts\n" in text
-    assert "gpu001       SU 0   r0=10.100.0.2 r1=10.100.1.2  GPUs 10.200.1.1..10.200.1.2" in text
+    assert "gpu001       SU 0   r0=10.100.0.2 r1=10.100.1.2  GPUs 10.200.0.2..10.200.1.2" in text
     assert "gpu002" not in text
 
 

@@ -118,6 +118,9 @@ def test_hca_rail_must_match_its_leaf(tmp_path) -> None:
     from linkguard.topology.fabric import FabricError, dump_fabric, generate_rail_optimized
 
     doc = yaml.safe_load(dump_fabric(generate_rail_optimized(hosts=2, rails=2), "yaml"))
+    # without endpoint subnets (an imported fabric): the moved HCA would otherwise first trip
+    # the endpoint check (its GPUs' home rails change with it)
+    del doc["endpoint_subnets"]
     doc["hosts"][1]["hcas"][0]["rail"] = 7
     bad = tmp_path / "f.yaml"
     bad.write_text(yaml.safe_dump(doc))
@@ -139,3 +142,46 @@ def test_hca_address_must_be_in_its_rail_subnet(tmp_path) -> None:
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(FabricError, match=r"10.100.5.2 is not a host address of rail 0's subnet"):
         load_fabric(bad)
+
+
+ENDPOINT_SUBNETS_BAD = {
+    "outside-home-subnet": (
+        lambda d: d["hosts"][1]["endpoints"].__setitem__(0, "10.200.1.9"),
+        "host gpu001: GPU 0 endpoint 10.200.1.9 is not in its home rail 0's endpoint subnet "
+        "10.200.0.0/24",
+    ),
+    "overlapping": (
+        lambda d: d["endpoint_subnets"].__setitem__("1", "10.200.0.128/25"),
+        r"endpoint subnets of rails 0 \(10.200.0.0/24\) and 1 \(10.200.0.128/25\) overlap",
+    ),
+    "overlaps-a-rail-subnet": (
+        lambda d: d["endpoint_subnets"].__setitem__("1", "10.100.1.0/24"),
+        r"endpoint subnet of rail 1 \(10.100.1.0/24\) overlaps rail 1's subnet 10.100.1.0/24",
+    ),
+    "home-rail-without-subnet": (
+        lambda d: d["endpoint_subnets"].pop("1"),
+        "host gpu000: GPU 1's home rail 1 has no endpoint subnet",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"), ENDPOINT_SUBNETS_BAD.values(), ids=ENDPOINT_SUBNETS_BAD.keys()
+)
+def test_endpoint_subnets_are_checked(tmp_path, change, expect) -> None:
+    fabric = generate_rail_optimized(hosts=2, rails=2)
+    doc = yaml.safe_load(dump_fabric(fabric, "yaml"))
+    assert doc["endpoint_subnets"] == {"0": "10.200.0.0/24", "1": "10.200.1.0/24"}
+    assert doc["hosts"][1]["endpoints"] == ["10.200.0.2", "10.200.1.2"]
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(doc))
+    assert load_fabric(good) == fabric
+    change(doc)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FabricError, match=expect) as info:
+        load_fabric(bad)
+    assert str(bad) in str(info.value)
+    # the same refusal when the model is built in code
+    with pytest.raises(ValidationError, match=expect):
+        Fabric.model_validate(doc)

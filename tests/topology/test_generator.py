@@ -58,8 +58,13 @@ def test_generator_addresses_and_numa(su: Fabric) -> None:
     assert [c.hca for c in h5.hcas] == [f"mlx5_{r}" for r in range(8)]
     assert [c.netdev for c in h5.hcas] == [f"rail{r}" for r in range(8)]
     assert h5.hcas[3].address == IP("10.100.3.6")
-    assert h5.endpoints[2] == IP("10.200.5.3")
+    # rail-major endpoints: GPU g of host h is 10.200.g.(h+1), in rail g's endpoint subnet
+    assert {r: str(n) for r, n in su.endpoint_subnets.items()} == {
+        r: f"10.200.{r}.0/24" for r in range(8)
+    }
+    assert h5.endpoints == [IP(f"10.200.{g}.6") for g in range(8)]
     assert su.host("gpu000").endpoints[0] == IP("10.200.0.1")
+    assert su.host("gpu031").endpoints[7] == IP("10.200.7.32")
     assert su.host("gpu031").hcas[7].address == IP("10.100.7.32")
     assert [c.numa_node for c in h5.hcas] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert h5.gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -74,8 +79,18 @@ def test_generator_multi_su_and_larger_layout() -> None:
     assert cable.b == "su1-leaf3"
     # 300 hosts: each rail gets a /23 (512 addresses); host h is the (h+1)-th address.
     assert f.host("gpu299").hcas[1].address == IP("10.100.3.44")  # 10.100.2.0 + 300
-    # 300 hosts x 256 > /16: 128 endpoint addresses per host; GPU 7 of host 299.
-    assert f.host("gpu299").endpoints[7] == IP("10.200.149.136")  # 299 * 128 + 8
+    # 2 GPUs per rail and host (GPU g: rail g % 4, rank g // 4): 600 endpoints + network and
+    # broadcast per rail -> a /22 each; GPU 7 of host 299 is rail 3's (299 * 2 + 1 + 1)-th.
+    assert {r: str(n) for r, n in f.endpoint_subnets.items()} == {
+        0: "10.200.0.0/22",
+        1: "10.200.4.0/22",
+        2: "10.200.8.0/22",
+        3: "10.200.12.0/22",
+    }
+    assert f.host("gpu299").endpoints[7] == IP("10.200.14.88")  # 10.200.12.0 + 600
+    assert f.host("gpu000").endpoints == [
+        IP(a) for a in ("10.200.0.1", "10.200.4.1", "10.200.8.1", "10.200.12.1")
+    ] + [IP(a) for a in ("10.200.0.2", "10.200.4.2", "10.200.8.2", "10.200.12.2")]
     # GPUs beyond the rails: home rail g % 4, NUMA split over the 8 GPUs.
     assert f.host("gpu000").gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
 
@@ -85,6 +100,11 @@ def test_generator_refuses_too_small_prefix() -> None:
         generate_rail_optimized(hosts=300, rail_prefix="10.100.0.0/21")
     with pytest.raises(ValueError, match="too small"):
         generate_rail_optimized(hosts=40, endpoint_prefix="10.200.0.0/24")
+    # one /24 per rail holds 254 hosts' endpoints: 8 of them fill a /21; 255 hosts need a /23
+    # per rail
+    assert len(generate_rail_optimized(hosts=254, endpoint_prefix="10.200.0.0/21").hosts) == 254
+    with pytest.raises(ValueError, match=r"8 rails x 512 addresses for 255 hosts"):
+        generate_rail_optimized(hosts=255, endpoint_prefix="10.200.0.0/21")
 
 
 @pytest.mark.parametrize(
@@ -143,10 +163,12 @@ def test_sixty_four_sus_fleet_scale() -> None:
     assert kinds == {"host-leaf": 16384, "leaf-spine": 16384, "spine-spine": 16384}  # B200 RA
     core_pairs = cables(f, "spine-spine")
     assert len(core_pairs) == 256 * 64 and set(core_pairs.values()) == {1}
-    # address layout at fleet scale: a /20 per rail, 32 endpoint addresses per host
+    # address layout at fleet scale: a /20 per rail, for the rail addresses and the endpoints
     last = f.host("gpu2047")
     assert last.hcas[7].address == IP("10.100.120.0")  # 10.100.112.0 + 2048
-    assert last.endpoints[0] == IP("10.200.255.225")  # 2047 * 32 + 1
+    assert f.endpoint_subnets[7] == ipaddress.IPv4Network("10.200.112.0/20")
+    assert last.endpoints[0] == IP("10.200.8.0")  # 10.200.0.0 + 2048
+    assert last.endpoints[7] == IP("10.200.120.0")  # 10.200.112.0 + 2048
     assert next(link.b for link in f.links if link.a == "gpu2047:mlx5_7/1") == "su63-leaf7"
 
 
