@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -14,7 +15,14 @@ import structlog
 
 from tests.support import require_binary
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real"
+#: the workspace's real captures (``../shared/fixtures/real`` next to the repository), or
+#: ``$LINKGUARD_FIXTURES`` for a clone elsewhere
+FIXTURES = Path(
+    os.environ.get(
+        "LINKGUARD_FIXTURES",
+        Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "real",
+    )
+)
 
 
 @pytest.fixture(autouse=True)
@@ -93,5 +101,7 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
 @pytest.fixture
 def fixtures_real() -> Path:
     if not FIXTURES.is_dir():
-        pytest.fail(f"real fixtures not found at {FIXTURES}")
+        pytest.fail(
+            f"real fixtures not found at {FIXTURES} (set LINKGUARD_FIXTURES to their directory)"
+        )
     return FIXTURES

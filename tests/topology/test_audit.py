@@ -19,9 +19,10 @@ from linkguard.topology.audit import (
 from linkguard.topology.fabric import Fabric, Link
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.ibnetdiscover import import_ibnetdiscover
+from tests.conftest import FIXTURES
 from tests.topology.ibnd_dump import as_ibnetdiscover
 
-X5 = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "real" / "ltaulell-HPC_toolset"
+X5 = FIXTURES / "ltaulell-HPC_toolset"
 
 #: 2 SUs x 8 hosts x 4 rails: leaves su{0,1}-leaf{0..3}, 8 spines, 8 uplinks per leaf (one each)
 GEN = generate_rail_optimized(hosts=16, rails=4, hosts_per_su=8)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,10 @@ from linkguard.topology.ibnetdiscover import (
     load_guid_map,
     parse_ibnetdiscover,
 )
+from tests.conftest import FIXTURES
 from tests.topology.ibnd_dump import as_ibnetdiscover
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "real"
+REAL = FIXTURES
 X5 = REAL / "ltaulell-HPC_toolset"
 IBSIM = REAL / "linux-rdma-ibsim"
 IP = ipaddress.IPv4Address
