@@ -196,7 +196,8 @@ def main() -> None:
     leaf = next((s for s in leaves if s.su == 5), leaves[0])  # SU 5 when there is one
     model = SwitchModel(fabric)
     leaf_hosts = model.assess(switches_down=[leaf.name]).unusable
-    spines = [s for s in fabric.switches if s.role == "spine"]
+    # an SU spine (the core tier's switches are role "spine" too, named cg*-core*)
+    spines = [s for s in fabric.switches if s.role == "spine" and s.su is not None]
     cases = {
         f"host link ({victim} rail {lost})": ({victim: frozenset({lost})}, None),
         f"leaf failure ({leaf.name}, {len(leaf_hosts)} ports)": (leaf_hosts, None),

@@ -22,6 +22,12 @@ __all__ = ["Bus", "BusMessage", "Will"]
 
 log = structlog.get_logger(__name__)
 
+#: QoS 1 messages in flight to the broker at once (paho's default is 20); Mosquitto's
+#: ``max_inflight_messages 0`` in deploy/mosquitto.conf lifts the broker's side.
+MAX_INFLIGHT = 256
+#: aiomqtt logs a warning above this many publish calls awaiting their acknowledgement.
+PENDING_CALLS_WARN = 4096
+
 
 @dataclass(frozen=True)
 class BusMessage:
@@ -154,7 +160,11 @@ class Bus:
                     keepalive=self._keepalive,
                     will=will,
                     timeout=self._timeout,
+                    max_inflight_messages=MAX_INFLIGHT,
                 ) as client:
+                    # the service publishes a plan per changed host at once (hundreds of QoS 1
+                    # calls awaiting their PUBACKs): expected, not worth aiomqtt's warning at 10
+                    client.pending_calls_threshold = PENDING_CALLS_WARN
                     self._client = client
                     for sub in self._subscriptions:
                         await client.subscribe(sub, qos=1)

@@ -5,7 +5,7 @@
   linkguard topology serve         the topology service
   linkguard fabric generate        print a rail-optimized fabric (JSON/YAML)
   linkguard fabric show            summarize a fabric (file or generator): tiers, cables, SUs
-  linkguard fabric export          write a fabric as JSON, YAML or Graphviz DOT
+  linkguard fabric export          write a fabric as JSON, YAML, Graphviz DOT or ibnetdiscover
   linkguard fabric audit           compare the expected fabric with a dump / an observed fabric
   linkguard fabric faults          publish the switch-level faults (retained) to the service
   linkguard broker                 an embedded MQTT broker on 127.0.0.1
@@ -52,7 +52,10 @@ def _positive(kind: type, *, lo: float, hi: float):
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"must be between {lo:g} and {hi:g}, got {text}")
+            show = str if kind is int else "{:g}".format  # 1000000, not 1e+06
+            raise argparse.ArgumentTypeError(
+                f"must be between {show(lo)} and {show(hi)}, got {text}"
+            )
         return v
 
     return parse
@@ -186,8 +189,9 @@ def _add_generator_options(p: argparse.ArgumentParser, *, defaults: bool) -> Non
         "--core",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="core tier above the spines (default: from 16 SUs, or when two tiers cannot be "
-        "cabled)",
+        help="core tier above the spines (default: added when two tiers cannot be cabled, i.e. "
+        "SUs x spines-per-SU exceeds a leaf's uplinks (max of hosts-per-SU and spines-per-SU): "
+        "from 9 SUs at the default sizes; and always from 16 SUs)",
     )
 
 
@@ -244,7 +248,7 @@ def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespac
         if fmt is None:
             parser.error(
                 f"cannot tell the format of {args.output} from its suffix: give --format "
-                "json, yaml or dot"
+                "json, yaml, dot or ibnetdiscover"
             )
         if args.aggregate and fmt != "dot":
             parser.error(f"--aggregate applies to DOT only, not to {fmt}")
@@ -343,14 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     ts = tsub.add_parser("serve", help="hold the fabric, compute and publish plans")
     _add_common(ts)
     ts.add_argument(
-        "--fabric", type=Path, help="fabric file (JSON/YAML), e.g. from `linkguard fabric generate`"
+        "--fabric",
+        type=Path,
+        help="fabric file (JSON/YAML), e.g. from `linkguard fabric generate`; replaces the "
+        "config's fabric:, and is an error (exit 2) when the config has generate: instead",
     )
 
     f = sub.add_parser("fabric", help="fabric files")
     fsub = f.add_subparsers(dest="fabric_command", required=True, metavar="SUBCOMMAND")
-    fg = fsub.add_parser(
-        "generate", formatter_class=fmt, help="print a rail-optimized fabric (DGX SuperPOD style)"
-    )
+    # no ArgumentDefaultsHelpFormatter: the generator options' help already names the defaults
+    fg = fsub.add_parser("generate", help="print a rail-optimized fabric (DGX SuperPOD style)")
     _add_generator_options(fg, defaults=True)
     fg.add_argument(
         "--format",
@@ -375,18 +381,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fs.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
 
-    fe = fsub.add_parser("export", help="write a fabric as JSON, YAML or Graphviz DOT")
+    fe = fsub.add_parser(
+        "export",
+        help="write a fabric as JSON, YAML, Graphviz DOT or ibnetdiscover output",
+        description="Write a fabric as JSON, YAML, Graphviz DOT or the text `ibnetdiscover` "
+        "prints (what --ibnetdiscover and `fabric audit --ibnetdiscover` read). For "
+        "ibnetdiscover, --fabric FILE is read as an observed fabric (as `fabric audit --fabric` "
+        "reads it): an HCA may be cabled to another rail's leaf, so a dump of a cabling fault "
+        "can be written from an edited copy of the expected fabric.",
+    )
     _add_fabric_source(fe)
     fe.add_argument(
         "--format",
-        choices=["json", "yaml", "dot"],
+        choices=["json", "yaml", "dot", "ibnetdiscover"],
         default=None,
-        help="default: from the -o suffix (.json, .yaml/.yml, .dot/.gv), else yaml",
+        help="default: from the -o suffix (.json, .yaml/.yml, .dot/.gv, .topo), else yaml",
     )
     fe.add_argument(
         "--aggregate",
         action="store_true",
-        help="DOT only: one node per (SU, rail) instead of one per host (for big fabrics)",
+        help="DOT only: one node per (SU, rail) instead of one per host, and one per group of "
+        "core switches cabled alike (for big fabrics)",
     )
     fe.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
 
@@ -422,7 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines)",
     )
     fa.add_argument(
-        "--fabric", type=Path, metavar="FILE", help="observed: a fabric file (JSON/YAML)"
+        "--fabric",
+        type=Path,
+        metavar="FILE",
+        help="observed: a fabric file (JSON/YAML) as found; unlike an expected one it may cable "
+        "an HCA to another rail's leaf (reported as wrong_rail)",
     )
     fa.add_argument("--format", choices=["table", "json"], default="table", help="default: table")
     fa.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
@@ -434,14 +453,16 @@ def build_parser() -> argparse.ArgumentParser:
         "down) to the topology service",
         description="Publish the complete set of switch-level faults known now, retained (QoS 1) "
         "on linkguard/v1/fabric/faults. Each publish replaces the previous set: list everything "
-        "that is still down; --clear publishes an empty set (all repaired). Names are not "
-        "checked here against a fabric: the topology service checks them, refuses a whole set "
-        "that names an unknown switch or a cable its fabric does not have (logged as "
-        "message_dropped; the previous set stays in effect) and keeps the resulting health "
-        "(leaves cut off, uplink capacity, bisection) retained on linkguard/v1/service/health.",
-        epilog="Example: linkguard fabric faults --broker mqtt:1883 --switch-down su3-spine1 "
-        "--cable-down su0-leaf2,su0-spine0,2 --reason CHG-1234. Exit codes: 0 published, 1 "
-        "broker unreachable or publish not confirmed, 2 bad usage or configuration.",
+        "that is still down; --clear publishes an empty set (all repaired). With --fabric FILE "
+        "the names are checked here first. The topology service checks them too: it refuses a "
+        "whole set that names an unknown switch or a cable its fabric does not have (the "
+        "previous set stays in effect and is published back on the topic; the refusal shows as "
+        "'refused' in the health) and keeps the resulting health (leaves cut off, uplink "
+        "capacity, bisection, degraded rails) retained on linkguard/v1/service/health.",
+        epilog="Example: linkguard fabric faults --broker mqtt:1883 --fabric fabric.yaml "
+        "--switch-down su3-spine1 --cable-down su0-leaf2,su0-spine0,2 --reason CHG-1234. Exit "
+        "codes: 0 published, 1 broker unreachable or publish not confirmed, 2 bad usage or "
+        "configuration, or a name the --fabric file does not have.",
     )
     fault.set_defaults(subparser=fault)
     fault.add_argument(
@@ -478,11 +499,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--clear", action="store_true", help="publish an empty set: nothing is down any more"
     )
     fault.add_argument(
+        "--fabric",
+        type=Path,
+        metavar="FILE",
+        help="the service's fabric file (JSON/YAML): check every switch and cable against it "
+        "before publishing, as the service does (a name it lacks: exit 2, nothing published)",
+    )
+    fault.add_argument(
         "--timeout",
         type=_positive(float, lo=0.1, hi=300),
         default=5.0,
         metavar="S",
-        help="give up when the broker does not answer within S seconds (default 5)",
+        help="give up when the broker does not answer within S seconds (default 5; a refused "
+        "connection fails at once)",
     )
 
     b = sub.add_parser(
@@ -585,9 +614,8 @@ def _daemon(args: argparse.Namespace) -> int:
         return 0
     from linkguard.topology.service import run_service
 
-    if args.fabric:  # the command line wins over a generate: section in the config file
+    if args.fabric:  # replaces the config's fabric:; with its generate: ServiceSettings refuses
         overrides["fabric"] = args.fabric
-        overrides["generate"] = None
     service_settings = load_settings(ServiceSettings, args.config, **overrides)
     configure_logging(service_settings.log_format, service_settings.log_level)
     asyncio.run(run_service(service_settings))
@@ -624,8 +652,9 @@ def _fabric(args: argparse.Namespace) -> int:
                 print(f"linkguard: note: {line}", file=sys.stderr)
             for line in imported.warnings:
                 print(f"linkguard: warning: {line}", file=sys.stderr)
-        else:
-            fabric = load_fabric(args.fabric)
+        else:  # a dump records what is cabled: read the file as an observed fabric
+            dump = args.fabric_command == "export" and _export_format(args) == "ibnetdiscover"
+            fabric = load_fabric(args.fabric, observed=dump)
     except (ValueError, FabricError) as exc:  # FabricError is a ValueError; named for clarity
         return _fail(str(exc), 2)
     if args.fabric_command == "generate":
@@ -634,7 +663,10 @@ def _fabric(args: argparse.Namespace) -> int:
     elif args.fabric_command == "show":
         text = summary_text(fabric, hosts_shown=args.show_hosts)
     else:
-        text = render(fabric, _export_format(args) or "yaml", aggregate=args.aggregate)
+        try:
+            text = render(fabric, _export_format(args) or "yaml", aggregate=args.aggregate)
+        except ValueError as exc:  # ibnetdiscover: a node with more than 255 ports
+            return _fail(str(exc), 2)
     return _write(args.output, text)
 
 
@@ -670,7 +702,7 @@ def _audit(args: argparse.Namespace) -> int:
                 print(f"linkguard: warning: {args.ibnetdiscover}: {line}", file=sys.stderr)
             observed.append((imported.fabric, imported.guids))
         if args.fabric:
-            observed.append((load_fabric(args.fabric), None))
+            observed.append((load_fabric(args.fabric, observed=True), None))
     except ValueError as exc:  # FabricError, FabricImportError, generator parameters
         return _fail(str(exc), 2)
     findings = []
@@ -694,7 +726,9 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     """``fabric faults``: publish ``args.faults`` retained; 0 once the broker confirmed it, 1
-    when it cannot be reached or does not confirm, 2 for a bad config."""
+    when it cannot be reached or does not confirm, 2 for a bad config, a bad ``--fabric``
+    file or a name that fabric does not have (checked as the service checks it:
+    :meth:`~linkguard.topology.state.FabricState.assess_faults`)."""
     from linkguard import topics
     from linkguard.config import ConfigError, ServiceSettings, load_settings
     from linkguard.logs import configure_logging
@@ -705,6 +739,14 @@ def _faults(args: argparse.Namespace) -> int:
         bus = load_settings(ServiceSettings, args.config, **overrides).bus
     except ConfigError as exc:
         return _fail(str(exc), 2)
+    if args.fabric is not None:
+        from linkguard.topology.fabric import load_fabric
+        from linkguard.topology.state import FabricState
+
+        try:
+            FabricState(fabric=load_fabric(args.fabric), epoch_start=0).assess_faults(args.faults)
+        except ValueError as exc:  # a bad file (FabricError) or a name the fabric lacks
+            return _fail(f"{exc}; nothing published", 2)
     # the bus logs every failed connection attempt; one message below says it once
     configure_logging("console", "error")
     where = f"{bus.host}:{bus.port}"
@@ -713,10 +755,17 @@ def _faults(args: argparse.Namespace) -> int:
         confirmed = asyncio.run(
             _publish_retained(bus, topic, encode(args.faults), timeout=args.timeout)
         )
-    except TimeoutError:
+    except TimeoutError:  # before OSError: it is one
         return _fail(
             f"cannot reach the MQTT broker at {where} within {args.timeout:g} s (is it running? "
             "see --broker, or the bus section of --config); nothing published",
+            1,
+        )
+    except OSError as exc:  # refused, unreachable network, unknown host name: no retrying
+        why = "connection refused" if isinstance(exc, ConnectionRefusedError) else str(exc)
+        return _fail(
+            f"cannot reach the MQTT broker at {where}: {why} (is it running? see --broker, or "
+            "the bus section of --config); nothing published",
             1,
         )
     if not confirmed:
@@ -734,19 +783,26 @@ def _faults(args: argparse.Namespace) -> int:
 
 async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) -> bool:
     """Connect to the broker of ``bus`` (BusSettings), publish ``payload`` retained with QoS 1,
-    disconnect. True once the broker acknowledged it; TimeoutError when it cannot be reached
-    within ``timeout`` seconds."""
+    disconnect. True once the broker acknowledged it. Raises TimeoutError when the broker does
+    not answer within ``timeout`` seconds, and OSError at once when its address refuses the
+    connection (ConnectionRefusedError), cannot be reached or does not resolve."""
     import os
     import secrets
 
     from linkguard.bus import Bus
 
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    # the bus retries a refused connection until the timeout: one plain TCP connection first
+    # makes "nothing listens there" fail at once (an unresponsive broker still times out)
+    _, writer = await asyncio.wait_for(asyncio.open_connection(bus.host, bus.port), timeout)
+    writer.close()
     async with Bus(
         **bus.connection(),
         client_id=f"linkguard-cli-{os.getpid()}-{secrets.token_hex(4)}",
         timeout_s=timeout,
     ) as client:
-        await client.wait_connected(timeout)
+        await client.wait_connected(max(deadline - loop.time(), 0.01))
         return await client.publish(topic, payload, retain=True)
 
 

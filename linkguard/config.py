@@ -206,7 +206,10 @@ class ServiceSettings(_Base):
     @model_validator(mode="after")
     def _one_fabric_source(self) -> ServiceSettings:
         if self.fabric is not None and self.generate is not None:
-            raise ValueError("give either fabric (a file) or generate (parameters), not both")
+            raise ValueError(
+                f"fabric {str(self.fabric)!r} (the fabric: key, LINKGUARD_FABRIC or --fabric) "
+                "and generate: (generator parameters) are both given: give either, not both"
+            )
         return self
 
     startup_settle_s: float = Field(
@@ -248,6 +251,14 @@ def _load_yaml(path: Path) -> None:
         )
 
 
+def _error_text(e: Any) -> str:
+    """One pydantic error as ``loc: message`` (a model-level error without ``loc``; a
+    validator's ValueError without pydantic's ``Value error, `` prefix)."""
+    msg = e["msg"].removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in e["loc"])
+    return f"{loc}: {msg}" if loc else msg
+
+
 def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S:
     """Build settings from ``path`` (YAML), the environment and ``overrides``.
 
@@ -274,9 +285,7 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
             if path
             else (" (from LINKGUARD_* variables or options)")
         )
-        details = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        details = "; ".join(_error_text(e) for e in exc.errors()[:5])
         raise ConfigError(f"bad {cls.__name__} value{where}: {details}") from None
     except Exception as exc:  # YAML syntax errors surface from the source as plain errors
         if "EnvSettingsSource" in str(exc):

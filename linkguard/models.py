@@ -262,11 +262,12 @@ class CableRef(_Model):
 class FabricFaults(_Model):
     """The complete set of switch-level faults known now, retained on ``fabric/faults`` by an
     operator or a monitor (``linkguard fabric faults``); each message replaces the previous
-    one (empty lists: nothing down). ``switches_down``: switch names; ``cables_down``: cables
-    between two switches (a pair may be listed once). Names are checked against the fabric by
-    the topology service, which refuses the whole set when one is unknown. Bounds: 4,096
-    switches, 32,768 pairs (a generated 2,048-host x 8-rail fabric has 1,024 switches and
-    18,432 cabled switch pairs)."""
+    one (empty lists: nothing down). ``switches_down``: switch names, each once;
+    ``cables_down``: cables between two switches (a pair may be listed once); a repeat is a
+    validation error. Names are checked against the fabric by the topology service, which
+    refuses the whole set when one is unknown (and puts the last set it accepted back on the
+    topic). Bounds: 4,096 switches, 32,768 pairs (a generated 2,048-host x 8-rail fabric has
+    1,024 switches and 18,432 cabled switch pairs)."""
 
     switches_down: list[SwitchName] = Field(default_factory=list, max_length=4096)
     cables_down: list[CableRef] = Field(default_factory=list, max_length=32768)
@@ -274,7 +275,12 @@ class FabricFaults(_Model):
     at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
 
     @model_validator(mode="after")
-    def _pairs_once(self) -> FabricFaults:
+    def _each_once(self) -> FabricFaults:
+        names: set[str] = set()
+        for s in self.switches_down:
+            if s in names:
+                raise ValueError(f"switch {s} listed twice")
+            names.add(s)
         seen: set[tuple[str, str]] = set()
         for c in self.cables_down:
             if c.pair in seen:

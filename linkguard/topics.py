@@ -13,12 +13,23 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/fabric/faults                     R  FabricFaults (operator -> service; the
                                                     complete current set, replaces the last)
 
-``service/health`` is published by the topology service after connecting and after every
-accepted ``fabric/faults``: ``Health.summary()`` of :mod:`linkguard.topology.health`
-(``bisection_gbps``, ``nominal_bisection_gbps``, ``leaves_down``, ``leaves_cut_off``,
-``leaves_degraded`` {leaf: fraction of uplink capacity left}, ``hosts_losing_rails``) plus
-``at`` (when it was assessed, Unix seconds) and ``faults`` (the FabricFaults it reflects, as
-JSON; null before any was accepted).
+``service/health`` is published by the topology service after connecting, after every
+accepted or refused ``fabric/faults`` and after a solve that changes the degraded rails:
+``Health.summary()`` of :mod:`linkguard.topology.health` (``bisection_gbps``,
+``nominal_bisection_gbps``, ``leaves_down``, ``leaves_cut_off``, ``leaves_uplinks_reduced``
+{leaf: fraction of uplink capacity left}, ``hosts_losing_rails``) plus ``degraded_rails``
+(sorted rail numbers the solver treats as degraded: at least ``Solver.degraded_after`` hosts
+cannot use them, so multipath routes leave them out; [] before the first solve), ``at`` (when
+the switch-level health was assessed, Unix seconds), ``faults`` (the FabricFaults in effect,
+as JSON; null before any was accepted) and ``refused`` (null when the last set received was
+accepted, else {``reason``: oversized | not_json | invalid, ``detail``, ``at``: when it was
+refused, ``faults``: the refused payload as JSON, or as text when it is not JSON}).
+
+A refused ``fabric/faults`` set (malformed, or naming a switch or cable the fabric lacks)
+leaves the faults in effect unchanged, and the service publishes the set in effect back on
+``fabric/faults`` (retained), so a restarted service reads that set, not the refused one.
+Before it accepted any, the service falls back to the ``faults`` of the ``service/health``
+retained by its previous instance; with none either, it publishes nothing there.
 """
 
 from __future__ import annotations

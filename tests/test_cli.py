@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -225,8 +226,13 @@ def _generated(tmp_path: Path) -> Path:
         (["fabric", "export", "--fabric", "f.yaml", "--generate"], "not allowed with"),
         (["fabric", "show", "--fabric", "f.yaml", "--hosts", "4"], "--hosts: generator options"),
         (["fabric", "export", "--generate", "--format", "json", "--aggregate"], "DOT only"),
-        (["fabric", "export", "--generate", "-o", "f.svg"], "give --format json, yaml or dot"),
+        (
+            ["fabric", "export", "--generate", "-o", "f.svg"],
+            "give --format json, yaml, dot or ibnetdiscover",
+        ),
         (["fabric", "show", "--generate", "--spines-per-su", "-1"], "between 0 and 64"),
+        # integers print as integers, not 1e+06
+        (["fabric", "show", "--generate", "--show-hosts", "-1"], "between 0 and 1000000, got -1"),
     ],
 )
 def test_fabric_usage_errors_exit_2(argv: list[str], message: str, capsys) -> None:
@@ -273,14 +279,56 @@ def test_fabric_show_imports_ibnetdiscover(fixtures_real: Path, capsys) -> None:
         main(["fabric", "show", "--generate", "--guid-map", str(x5 / "X5.map")])
 
 
-def test_fabric_option_wins_over_generate_in_config(tmp_path: Path) -> None:
+def test_fabric_option_with_generate_in_config_is_refused(tmp_path: Path) -> None:
+    """Two fabric sources, one from the config and one from the command line: refused (as a
+    LINKGUARD_FABRIC variable with the same config is), never one silently picked."""
     cfg = tmp_path / "svc.yaml"
     cfg.write_text("generate: {hosts: 2}\n")
-    bad = tmp_path / "fabric.yaml"
+    fabric = tmp_path / "fabric.yaml"
+    assert main(["fabric", "generate", "--hosts", "2", "-o", str(fabric)]) == 0
+    out = _cli(
+        "topology", "serve", "-c", str(cfg), "--fabric", str(fabric), "--broker", "127.0.0.1:9"
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        f"linkguard: bad ServiceSettings value (from {cfg}, LINKGUARD_* variables or options): "
+        f"fabric '{fabric}' (the fabric: key, LINKGUARD_FABRIC or --fabric) and generate: "
+        "(generator parameters) are both given: give either, not both"
+    )
+    # a fabric: key in the config is simply replaced by --fabric
+    cfg.write_text(f"fabric: {tmp_path / 'absent.yaml'}\n")
+    bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nhosts: []\n")
     out = _cli("topology", "serve", "-c", str(cfg), "--fabric", str(bad), "--broker", "127.0.0.1:9")
     assert out.returncode == 2
-    assert "not both" not in out.stderr and "fabric.yaml" in out.stderr
+    assert "bad.yaml: invalid fabric" in out.stderr and "absent.yaml" not in out.stderr
+    help_text = _cli("topology", "serve", "--help").stdout
+    assert "an error (exit 2) when the config has generate:" in " ".join(help_text.split())
+
+
+def test_fabric_generate_help_states_each_default_once() -> None:
+    out = _cli("fabric", "generate", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    # no second copy of the defaults from argparse's ArgumentDefaultsHelpFormatter
+    assert "(default 32) (default: 32)" not in text and "(default: None)" not in text
+    assert not re.search(r"\(default [^)]*\) \(default: ", text)
+    assert "compute hosts (default 32)" in text and "spine switches per SU (default 4)" in text
+    # the core tier's default says what the generator does: from 9 SUs at the default sizes
+    assert "from 9 SUs at the default sizes; and always from 16 SUs" in text
+
+
+def test_generator_needs_spines_for_several_sus(capsys) -> None:
+    assert main(["fabric", "generate", "--hosts", "64", "--spines-per-su", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "linkguard: 64 hosts need 2 SUs of 32, and SUs without spines cannot reach each other: "
+        "use spines_per_su >= 1, or at most one SU (hosts <= hosts_per_su - "
+        "management_hosts_per_su)\n"
+    )
+    # one SU needs no spine: every host reaches every other on each rail's leaf
+    argv = ["fabric", "show", "--generate", "--hosts", "32", "--spines-per-su", "0"]
+    assert main([*argv, "--show-hosts", "0"]) == 0
+    assert "  switches  8 leaves, 0 spines, 0 core\n" in capsys.readouterr().out
 
 
 def test_env_list_must_be_json(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,9 +345,9 @@ AUDIT_GEN = ["--expected-generate", "--hosts", "16", "--rails", "4", "--hosts-pe
 
 
 def _dump(tmp_path: Path, swap: bool = False, extra: bool = False) -> Path:
+    from linkguard.topology.export import to_ibnetdiscover
     from linkguard.topology.fabric import Link
     from linkguard.topology.generator import generate_rail_optimized
-    from tests.topology.ibnd_dump import as_ibnetdiscover
 
     gen = generate_rail_optimized(hosts=16, rails=4, hosts_per_su=8)
     links = list(gen.links)
@@ -313,7 +361,7 @@ def _dump(tmp_path: Path, swap: bool = False, extra: bool = False) -> Path:
     if extra:
         links.append(Link(a="gpu099:mlx5_0/1", b="su1-leaf0", kind="host-leaf", rail=0))
     path = tmp_path / f"dump{int(swap)}{int(extra)}.topo"
-    path.write_text(as_ibnetdiscover(gen, links=links, switch_description=None)[0])
+    path.write_text(to_ibnetdiscover(gen, links=links, switch_description=None)[0])
     return path
 
 
@@ -390,3 +438,61 @@ def test_fabric_audit_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:
     missing = ["--expected", str(tmp_path / "absent.yaml"), "--ibnetdiscover", str(bad)]
     assert main(["fabric", "audit", *missing]) == 2
     assert "absent.yaml" in capsys.readouterr().err
+
+
+#: The README's audit example, as `fabric audit --ibnetdiscover` prints it.
+README_AUDIT = """\
+SEVERITY  KIND          SUBJECT          EXPECTED            OBSERVED                                 DETAIL
+error     wrong_rate    gpu005:mlx5_3/1  400 Gb/s            4xEDR 100 Gb/s                           runs at 25% of the expected rate
+error     wrong_rail    gpu003:mlx5_0/1  su0-leaf0 (rail 0)  S-0000000000001001 = su0-leaf1 (rail 1)  HCA of rail 0 cabled to the rail-1 leaf
+error     wrong_rail    gpu003:mlx5_1/1  su0-leaf1 (rail 1)  S-0000000000001000 = su0-leaf0 (rail 0)  HCA of rail 1 cabled to the rail-0 leaf
+error     missing_host  gpu009           4 HCA ports         -                                        absent from the observed fabric
+
+4 findings (4 errors, 0 warnings): wrong_rate 1, wrong_rail 2, missing_host 1
+"""  # noqa: E501
+
+
+def test_readme_audit_example_with_shipped_commands(tmp_path: Path, capsys) -> None:
+    """generate -> edit the copy as the README says -> export --format ibnetdiscover -> audit,
+    and the same edited copy audited directly as an observed fabric file."""
+    observed = tmp_path / "observed.yaml"
+    assert main(["fabric", "generate", *AUDIT_GEN[1:], "-o", str(observed)]) == 0
+    doc = yaml.safe_load(observed.read_text())
+    swap = {"gpu003:mlx5_0/1": "su0-leaf1", "gpu003:mlx5_1/1": "su0-leaf0"}
+    for link in doc["links"]:
+        link["b"] = swap.get(link["a"], link["b"])
+        if link["a"] == "gpu005:mlx5_3/1":
+            link["rate_gbps"] = 100
+    doc["links"] = [x for x in doc["links"] if not x["a"].startswith("gpu009:")]
+    doc["hosts"] = [h for h in doc["hosts"] if h["host"] != "gpu009"]
+    observed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # an expected fabric (show, the service) must not have an HCA on another rail's leaf
+    assert main(["fabric", "show", "--fabric", str(observed)]) == 2
+    assert "Only an observed fabric may be" in capsys.readouterr().err
+    dump = tmp_path / "ib.topo"  # .topo: --format ibnetdiscover from the suffix
+    assert main(["fabric", "export", "--fabric", str(observed), "-o", str(dump)]) == 0
+    assert main(["fabric", "audit", *AUDIT_GEN, "--ibnetdiscover", str(dump)]) == 1
+    assert capsys.readouterr().out == README_AUDIT
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert README_AUDIT.rstrip("\n") in readme
+    # the edited file itself, read as observed: the same findings under fabric names
+    assert main(["fabric", "audit", *AUDIT_GEN, "--fabric", str(observed), "--format", "json"]) == 1
+    found = json.loads(capsys.readouterr().out)["findings"]
+    assert [(f["kind"], f["subject"], f["observed"]) for f in found] == [
+        ("wrong_rate", "gpu005:mlx5_3/1", "100 Gb/s"),
+        ("wrong_rail", "gpu003:mlx5_0/1", "su0-leaf1 (rail 1)"),
+        ("wrong_rail", "gpu003:mlx5_1/1", "su0-leaf0 (rail 0)"),
+        ("missing_host", "gpu009", None),
+    ]
+
+
+def test_fabric_export_ibnetdiscover_reads_back(tmp_path: Path, capsys) -> None:
+    dump = tmp_path / "f.txt"
+    argv = ["fabric", "export", "--generate", *SMALL, "--format", "ibnetdiscover"]
+    assert main([*argv, "-o", str(dump)]) == 0
+    assert main(["fabric", "show", "--ibnetdiscover", str(dump), "--show-hosts", "0"]) == 0
+    out = capsys.readouterr()
+    assert "  hosts     40 (0 GPUs)\n" in out.out
+    assert "  switches  6 leaves, 6 spines, 0 core\n" in out.out
+    assert "    host-leaf         80 x 400 Gb/s\n    leaf-spine        96 x 400 Gb/s\n" in out.out
+    assert "warning" not in out.err

@@ -1,12 +1,14 @@
 """Fleet audit: the fabric that should be against what was observed.
 
 Consumes: the expected :class:`~linkguard.topology.fabric.Fabric` (a fabric file or the
-generator); optionally an observed Fabric (usually what
+generator); optionally an observed Fabric (what
 :func:`~linkguard.topology.ibnetdiscover.import_ibnetdiscover` made of an ``ibnetdiscover`` dump,
-with its ``guids``), agents' :class:`~linkguard.models.HostInventory` per host, and the names of
-the hosts that reported (agents online). Produces: a sorted list of :class:`Finding` (what is
-missing, extra, slow, cabled to the wrong leaf, duplicated or unknown) and its renderings,
-:func:`format_table` for people and :func:`format_json` for tools. Pure: no I/O, no clock.
+with its ``guids``, or a fabric file read with ``load_fabric(path, observed=True)``, which may
+cable an HCA to another rail's leaf), agents' :class:`~linkguard.models.HostInventory` per
+host, and the names of the hosts that reported (agents online). Produces: a sorted list of
+:class:`Finding` (what is missing, extra, slow, cabled to the wrong leaf, duplicated or
+unknown) and its renderings, :func:`format_table` for people and :func:`format_json` for
+tools. Pure: no I/O, no clock.
 
 :func:`inventory_problems` is the one comparison of an agent's inventory with the fabric's host;
 the topology service logs its result as ``inventory_mismatch``.
@@ -485,8 +487,10 @@ def audit(
     """Compare ``expected`` with what was observed; the findings in :func:`sort_findings` order
     (errors first, then by kind, then subject).
 
-    ``observed``: a fabric as found, typically imported from ``ibnetdiscover``
-    (``observed_guids`` = that import's ``guids``: names -> GUIDs). ``inventories``: agents'
+    ``observed``: a fabric as found, imported from ``ibnetdiscover`` (``observed_guids`` = that
+    import's ``guids``: names -> GUIDs) or a fabric file read with
+    ``load_fabric(path, observed=True)`` (validated without the HCA-vs-leaf rail check, so that
+    an HCA on another rail's leaf loads and is reported as ``wrong_rail``). ``inventories``: agents'
     inventories by host name. ``reported_hosts``: hosts that reported (e.g. agents online).
 
     Hosts (by name): ``missing_host`` for an expected host that never reported, i.e. is neither in

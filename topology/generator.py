@@ -134,8 +134,9 @@ def rail_optimized_shape(
     Cable counts grow linearly with the fleet: leaf-spine = leaves x U, spine-core <= spines x u.
 
     Raises ValueError for sizes < 1 (spines_per_su < 0), ``management_hosts_per_su`` not below
-    ``hosts_per_su``, ``core=True`` without spines, or ``core=False`` when two tiers cannot be
-    cabled.
+    ``hosts_per_su``, no spines (``spines_per_su=0``: one leaf per rail, nothing above) with more
+    than one SU (the SUs could not reach each other), ``core=True`` without spines, or
+    ``core=False`` when two tiers cannot be cabled.
     """
     if hosts < 1 or rails < 1 or hosts_per_su < 1 or spines_per_su < 0:
         raise ValueError("hosts, rails, hosts_per_su must be >= 1; spines_per_su >= 0")
@@ -146,6 +147,12 @@ def rail_optimized_shape(
         )
     per_su = hosts_per_su - management_hosts_per_su
     sus = -(-hosts // per_su)
+    if spines_per_su == 0 and sus > 1:
+        raise ValueError(
+            f"{hosts} hosts need {sus} SUs of {per_su}, and SUs without spines cannot reach "
+            "each other: use spines_per_su >= 1, or at most one SU (hosts <= hosts_per_su - "
+            "management_hosts_per_su)"
+        )
     leaves = sus * rails
     spines = sus * spines_per_su
     uplinks = max(hosts_per_su, spines_per_su) if spines_per_su else 0

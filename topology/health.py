@@ -70,7 +70,7 @@ class Health:
             "nominal_bisection_gbps": self.nominal_bisection_gbps,
             "leaves_down": [x.leaf for x in self.leaves if x.down],
             "leaves_cut_off": [x.leaf for x in self.leaves if x.cut_off and not x.down],
-            "leaves_degraded": {
+            "leaves_uplinks_reduced": {
                 x.leaf: round(x.up_gbps / x.nominal_gbps, 3)
                 for x in self.leaves
                 if not x.down and x.nominal_gbps and x.up_gbps < x.nominal_gbps

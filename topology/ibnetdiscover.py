@@ -45,7 +45,7 @@ import structlog
 from pydantic import ValidationError
 
 from linkguard.models import HCAInfo, HostInventory
-from linkguard.topology.fabric import Fabric, FabricError, Link, Switch
+from linkguard.topology.fabric import Fabric, FabricError, Link, Switch, switch_tiers
 from linkguard.topology.generator import _rail_subnet_size, rail_subnets
 
 __all__ = [
@@ -739,10 +739,15 @@ def import_ibnetdiscover(
     - role: a switch (or router) with a CA cabled to it is a ``leaf``, the others ``spine``;
       link kinds follow (``host-leaf``, ``leaf-spine``, ``leaf-leaf``, ``spine-spine``).
     - rails (the dump has none): per host, its cabled CA ports ordered by the leaf they hang off
-      (leaves in order of first appearance in the file), then CA, then port; rail = position.
-      A leaf gets ``rail`` when all its HCAs landed on one rail (warning otherwise).
+      (leaves in order of first appearance in the file), then CA, then port; each position
+      votes for its leaf's rail, a leaf's rail is its most common vote, and each HCA port takes
+      its leaf's rail (see ``_Builder.infer_rails``: a host with one cable missing or moved
+      keeps its other HCAs on their leaves' rails). A port whose leaf's rail its host already
+      uses gets a free rail, with a warning naming that port; its leaf then gets no ``rail``
+      (the others keep theirs). The note on roles counts leaves, spines and core switches as
+      ``fabric show`` does.
     - HCA names: the device in the description (``mlx5_3``) when every CA of the host has a
-      distinct one, else ``hca0``, ``hca1``... in rail order.
+      distinct one, else ``hca0``, ``hca1``... in leaf order.
     - addresses: the layout of :func:`~linkguard.topology.generator.generate_rail_optimized`
       in ``rail_prefix``: rail r, host h (fabric order) -> ``10.100.r.(h+1)`` for <= 254 hosts,
       larger per-rail subnets beyond. No GPU endpoints (the dump has no GPUs).
@@ -826,6 +831,12 @@ class _Builder:
         except ValidationError as exc:
             errs = "; ".join(e["msg"] for e in exc.errors()[:3])
             raise self.fail(f"imported fabric does not validate: {errs}") from None
+        tiers = Counter(switch_tiers(fabric).values())
+        self.notes.append(
+            f"roles: {tiers['leaf']} leaves (switches with a CA cabled), {tiers['spine']} "
+            f"spines, {tiers['core']} core (spines cabled to spines only), as `fabric show` "
+            "counts them"
+        )
         log.info(
             "ibnetdiscover_imported",
             source=self.topo.source,
@@ -915,8 +926,11 @@ class _Builder:
             raise self.fail(f"a host has {n_rails} cabled HCA ports (at most 64 rails)")
         self.notes.append(
             "no rail information in the dump: rails inferred from the leaf each HCA hangs off "
-            "(per host, its ports ordered by leaf in order of first appearance; rail = position)"
+            "(a leaf's rail: the position its HCAs most often have among their host's ports, "
+            "ordered by leaf in order of first appearance; each HCA takes its leaf's rail)"
         )
+        names = {host: self.hca_names(host, per_host[host]) for host in order}
+        rail_of = self.infer_rails(order, per_host, n_rails, names)
         try:
             prefix = ipaddress.IPv4Network(self.rail_prefix)
             size = _rail_subnet_size(prefix, len(order), n_rails)
@@ -932,10 +946,10 @@ class _Builder:
         links: list[Link] = []
         leaf_rails: dict[int, set[int]] = defaultdict(set)
         for h, host in enumerate(order):
-            names = self.hca_names(host, per_host[host])
             hcas = []
-            for rail, (ca, cp, sw, sp, cable) in enumerate(per_host[host]):
-                hca = names[ca]
+            for ca, cp, sw, sp, cable in per_host[host]:
+                rail = rail_of[(ca, cp)]
+                hca = names[host][ca]
                 address = ipaddress.IPv4Address(base + rail * size + h + 1)
                 hcas.append(HCAInfo(hca=hca, port=cp, rail=rail, address=address))
                 leaf_rails[sw].add(rail)
@@ -946,8 +960,62 @@ class _Builder:
                 links.append(
                     _link(f"{host}:{hca}/{cp}", cp, self.sw_name[sw], sp, "host-leaf", rail, cable)
                 )
+            hcas.sort(key=lambda c: c.rail)
             hosts.append(HostInventory(host=host, hcas=hcas))
         return hosts, links, leaf_rails
+
+    def infer_rails(
+        self,
+        order: list[str],
+        per_host: dict[str, list[_Port]],
+        n_rails: int,
+        names: dict[str, dict[int, str]],
+    ) -> dict[tuple[int, int], int]:
+        """Rail of every cabled CA port, (CA node, port) -> rail.
+
+        A port's position among its host's ports (sorted by leaf) votes for its leaf's rail;
+        a leaf's rail is its most common vote (the lowest on a tie). Then, per host, ports take
+        their leaf's rail: first those whose own position says so, then the others while that
+        rail is free on the host; a port whose leaf's rail its host already uses (two HCAs of a
+        host on one leaf, or on two leaves of one rail) takes its position if free, else the
+        lowest free rail, and is named in a warning: only the HCAs that disagree, not the
+        ports of a host shifted by one missing or moved cable.
+        """
+        votes: dict[int, Counter[int]] = defaultdict(Counter)
+        for host in order:
+            for pos, (_, _, sw, _, _) in enumerate(per_host[host]):
+                votes[sw][pos] += 1
+        leaf_rail = {sw: min(c, key=lambda r: (-c[r], r)) for sw, c in votes.items()}
+        rail_of: dict[tuple[int, int], int] = {}
+        stray: list[str] = []
+        for host in order:
+            ports = list(enumerate(per_host[host]))
+            used: set[int] = set()
+            for first in (True, False):
+                for pos, (ca, cp, sw, _, _) in ports:
+                    want = leaf_rail[sw]
+                    if (ca, cp) in rail_of or want in used or (first and pos != want):
+                        continue
+                    rail_of[(ca, cp)] = want
+                    used.add(want)
+            for pos, (ca, cp, sw, _, _) in ports:
+                if (ca, cp) in rail_of:
+                    continue
+                rail = pos if pos not in used else min(set(range(n_rails)) - used)
+                rail_of[(ca, cp)] = rail
+                used.add(rail)
+                stray.append(
+                    f"{host}:{names[host][ca]}/{cp} on {self.sw_name[sw]} (the leaf's rail "
+                    f"{leaf_rail[sw]}; given rail {rail})"
+                )
+        self.warn(
+            "HCA ports cannot have the inferred rail of their leaf: another port of their host "
+            "has it (a cabling fault, or several ports of a host on one leaf; such a leaf gets "
+            "no rail)",
+            stray,
+            "; ",
+        )
+        return rail_of
 
     def hca_names(self, host: str, ports: list[_Port]) -> dict[int, str]:
         """The devices the descriptions name (mlx5_3) when distinct for every CA, else hcaN."""
@@ -963,19 +1031,8 @@ class _Builder:
         return {ca: f"hca{i}" for i, ca in enumerate(cas)}
 
     def leaf_rails(self, leaf_rails: dict[int, set[int]]) -> dict[int, int | None]:
-        out: dict[int, int | None] = {}
-        mixed = []
-        for sw, rails in leaf_rails.items():
-            out[sw] = next(iter(rails)) if len(rails) == 1 else None
-            if len(rails) > 1:
-                mixed.append(f"{self.sw_name[sw]} {sorted(rails)}")
-        self.warn(
-            "leaves carry HCAs of several inferred rails (not rail-optimized, or hosts cabled "
-            "differently)",
-            mixed,
-            "; ",
-        )
-        return out
+        """A leaf's rail when all its HCAs have it (:meth:`infer_rails` warned of the others)."""
+        return {sw: next(iter(r)) if len(r) == 1 else None for sw, r in leaf_rails.items()}
 
     def switches(self, leaves: set[int], switch_rail: dict[int, int | None]) -> list[Switch]:
         out = []
@@ -994,10 +1051,6 @@ class _Builder:
             )
             if n.guid:
                 self.guids[self.sw_name[n.index]] = n.guid
-        self.notes.append(
-            f"roles: {len(leaves)} switches with a CA cabled are leaves, "
-            f"{len(out) - len(leaves)} others spines"
-        )
         return out
 
     def isls(

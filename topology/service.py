@@ -1,11 +1,13 @@
 """The topology service's wiring module.
 
-Tasks: ``bus`` (subscribes to every host topic, to retained plans and to ``fabric/faults``)
-and ``solver`` (waits for a state change, batches changes for ``debounce_ms``, solves,
-publishes the changed plans retained with a new epoch). Switch-level faults (``fabric/faults``,
+Tasks: ``bus`` (subscribes to every host topic, to retained plans, to ``fabric/faults`` and
+to ``service/health``, for the faults a previous instance accepted) and ``solver`` (waits for
+a state change, batches changes for ``debounce_ms``, solves, publishes the changed plans
+retained with a new epoch). Switch-level faults (``fabric/faults``,
 :class:`~linkguard.models.FabricFaults`) are assessed off the event loop and their health is
-kept retained on ``service/health``. Bad messages are logged with their topic and reason,
-counted, and dropped; they never reach the fabric state.
+kept retained on ``service/health``; a refused set is replaced on ``fabric/faults`` by the set
+in effect (:meth:`TopologyService._refuse`). Bad messages are logged with their topic and
+reason, counted, and dropped; they never reach the fabric state.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ from linkguard.models import (
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.topology.audit import audit, format_json, inventory_problems
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
+from linkguard.topology.health import Health
 from linkguard.topology.state import FabricState
 
 __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 
 log = structlog.get_logger(__name__)
+
+#: Plans published concurrently (QoS 1 acknowledgements awaited together).
+PUBLISH_WINDOW = 256
 
 _DECODERS = {
     "port": PortState,
@@ -90,6 +96,13 @@ class TopologyService:
         #: the last accepted switch-level faults and when their health was assessed
         self.faults: FabricFaults | None = None
         self.health_at: float | None = None
+        #: ``service/health``'s ``refused``: the last ``fabric/faults`` message refused, None
+        #: once a set is accepted
+        self.refused: dict[str, object] | None = None
+        #: the faults of the retained ``service/health`` found on connecting (a previous
+        #: instance's): what :meth:`_refuse` puts back before this instance accepted any
+        self.inherited_faults: FabricFaults | None = None
+        self._health_degraded: list[int] = []  # degraded_rails as last published
         self._audit_kick = asyncio.Event()
         self._kick = asyncio.Event()
         self._stop = asyncio.Event()
@@ -104,6 +117,8 @@ class TopologyService:
                 topics.all_host_topics(),
                 topics.all_plans(),
                 topics.service_status(),
+                # before fabric/faults: its retained document arrives before the retained set
+                topics.service_health(),
                 topics.fabric_faults(),
             ],
             handler=self._on_message,
@@ -180,15 +195,24 @@ class TopologyService:
             self.health_at = time.time()
         await self._publish_health()
 
+    def _degraded_rails(self) -> list[int]:
+        """The rails the solver treats as degraded now (none before its first solve)."""
+        solver = self.state.solver
+        return sorted(solver.degraded) if solver is not None else []
+
     async def _publish_health(self) -> None:
-        """``service/health``: the health summary, ``at`` and the faults it reflects."""
+        """``service/health`` (the document :mod:`linkguard.topics` describes): the health
+        summary, the degraded rails, ``at``, the faults it reflects and the last refusal."""
         health = self.state.health
         if health is None:
             return
+        self._health_degraded = self._degraded_rails()
         doc = {
             **health.summary(),
+            "degraded_rails": self._health_degraded,
             "at": self.health_at,
             "faults": self.faults.model_dump(mode="json") if self.faults else None,
+            "refused": self.refused,
         }
         await self.bus.publish(topics.service_health(), json.dumps(doc).encode(), retain=True)
 
@@ -204,6 +228,9 @@ class TopologyService:
 
     async def _on_message(self, msg: BusMessage) -> None:
         parsed = topics.parse(msg.topic)
+        if parsed is not None and parsed.kind == "service_health":
+            self._on_retained_health(msg)
+            return
         if parsed is None or parsed.kind not in _DECODERS:
             return  # events are for the ledger (a later issue)
         if parsed.kind == "service_status":
@@ -301,10 +328,11 @@ class TopologyService:
             )
 
     async def _on_fabric_faults(self, msg: BusMessage) -> None:
-        """A new complete set of switch-level faults: assess it (worker thread), then record
-        it, re-solve if it changes which rails are usable, and publish ``service/health``. A
-        malformed set, or one naming a switch or cable the fabric does not have, is dropped
-        whole: the previous faults stay in effect."""
+        """A new complete set of switch-level faults: assess it (worker thread), then put it
+        in effect (:meth:`_accept`) and publish ``service/health``. A set equal to the one in
+        effect changes nothing (it is this service's own re-publish coming back). A malformed
+        set, or one naming a switch or cable the fabric does not have, is refused whole
+        (:meth:`_refuse`): the previous faults stay in effect."""
         try:
             faults = decode(
                 FabricFaults,
@@ -312,13 +340,23 @@ class TopologyService:
                 topic=msg.topic,
                 max_bytes=self.settings.bus.max_message_bytes,
             )
-            health = await asyncio.to_thread(self.state.assess_faults, faults)
         except BadMessage as exc:
-            self._drop(msg, exc.reason, exc.detail)
+            await self._refuse(msg, exc.reason, exc.detail)
             return
+        if faults == self.faults:
+            return
+        try:
+            health = await asyncio.to_thread(self.state.assess_faults, faults)
         except ValueError as exc:  # a switch or cable the fabric does not have
-            self._drop(msg, "invalid", str(exc))
+            await self._refuse(msg, "invalid", str(exc))
             return
+        self._accept(faults, health)
+        self.refused = None
+        await self._publish_health()
+
+    def _accept(self, faults: FabricFaults, health: Health) -> None:
+        """Put ``faults`` (assessed as ``health``) in effect; wake the solver when that
+        changes which rails are usable."""
         self.state.on_health(health)
         self.faults = faults
         self.health_at = time.time()
@@ -334,7 +372,55 @@ class TopologyService:
         )
         if self.state.dirty:
             self._kick.set()
+
+    async def _refuse(self, msg: BusMessage, reason: str, detail: str) -> None:
+        """Refuse a ``fabric/faults`` message (dropped, counted, logged as
+        ``message_dropped``); the faults in effect stay. Being retained, the refused message
+        replaced the accepted set on the broker, where a restarted service would find only
+        it: the set in effect is published back, retained. Before this instance accepted any,
+        the set a previous instance had accepted (:meth:`_on_retained_health`) is put in
+        effect and published instead. With neither, nothing is published (an empty set would
+        claim that nothing is down): the refused set stays on the broker, and every service
+        start refuses and reports it again. ``service/health`` then carries ``refused``."""
+        self._drop(msg, reason, detail)
+        refused = {
+            "reason": reason,
+            "detail": detail[:1000],
+            "at": time.time(),
+            "faults": _payload_json(msg.payload, whole=reason != "oversized"),
+        }
+        if self.faults is None and self.inherited_faults is not None:
+            inherited, self.inherited_faults = self.inherited_faults, None
+            try:
+                health = await asyncio.to_thread(self.state.assess_faults, inherited)
+            except ValueError as exc:  # the fabric changed since that instance accepted it
+                log.warning("inherited_fabric_faults_refused", detail=str(exc)[:300])
+            else:
+                self._accept(inherited, health)
+        if self.faults is not None:
+            await self.bus.publish(topics.fabric_faults(), encode(self.faults), retain=True)
+        log.warning(
+            "fabric_faults_refused",
+            reason=reason,
+            action="put the set in effect back on the topic"
+            if self.faults is not None
+            else "none accepted yet: running without switch-level faults",
+        )
+        self.refused = refused
         await self._publish_health()
+
+    def _on_retained_health(self, msg: BusMessage) -> None:
+        """A ``service/health`` document retained before this connection (a previous
+        instance's; after a reconnect this instance's own): keep the faults it had accepted
+        for :meth:`_refuse`. Live documents (this instance's own) and unreadable ones are
+        ignored, and so is ``faults: null`` (that instance had accepted none)."""
+        if not msg.retain:
+            return
+        with contextlib.suppress(ValueError, RecursionError):  # ValidationError included
+            doc = json.loads(msg.payload)
+            faults = doc.get("faults") if isinstance(doc, dict) else None
+            if faults is not None:
+                self.inherited_faults = FabricFaults.model_validate(faults)
 
     def _check_inventory(self, inv: HostInventory) -> None:
         """Warn when what an agent has differs from what the fabric says it has (the fleet
@@ -381,6 +467,8 @@ class TopologyService:
             self._kick.clear()
             if self.state.dirty:
                 await self._solve_and_publish()
+                if self._degraded_rails() != self._health_degraded:
+                    await self._publish_health()  # why multipaths now avoid (or use) a rail
             await self._kick.wait()
             if self.settings.debounce_ms > 0:
                 await asyncio.sleep(self.settings.debounce_ms / 1000)
@@ -388,25 +476,47 @@ class TopologyService:
     async def _solve_and_publish(self) -> None:
         t0 = time.monotonic()
         unusable = self.state.prepare()
-        # The solver is pure and CPU-bound (the first, full build takes about 0.2 s at 2,048
-        # hosts x 8 rails; updates milliseconds): run it off the event loop so the bus keeps
-        # serving; changes arriving meanwhile trigger another solve.
+        # The solver is pure and CPU-bound (the full build at start takes about 0.6 s at 2,048
+        # hosts x 8 rails with every plan made, an update milliseconds plus the changed plans):
+        # run it, and the encoding, off the event loop so the bus keeps serving; changes
+        # arriving meanwhile trigger another solve.
         fresh = await asyncio.to_thread(self.state.compute, unusable, now=time.time())
         solved = self.state.commit(fresh)
         self.solves += 1
-        ms = (time.monotonic() - t0) * 1000
-        for plan in solved.plans:
-            await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
-            self.plans_published += 1
-            self.plans_per_host[plan.host] += 1
+        t1 = time.monotonic()
+        payloads = await asyncio.to_thread(lambda: [(p.host, encode(p)) for p in solved.plans])
+        t2 = time.monotonic()
+        # QoS 1: each publish waits for the broker's PUBACK; keep many in flight (plans of
+        # different hosts are independent) instead of one round trip per host in turn
+        for i in range(0, len(payloads), PUBLISH_WINDOW):
+            chunk = payloads[i : i + PUBLISH_WINDOW]
+            await asyncio.gather(
+                *(self.bus.publish(topics.plan(h), data, retain=True) for h, data in chunk)
+            )
+            for h, _ in chunk:
+                self.plans_published += 1
+                self.plans_per_host[h] += 1
+        t3 = time.monotonic()
         log.info(
             "plans_published",
             epoch=solved.epoch,
             changed=len(solved.plans),
             unchanged=solved.unchanged,
-            solve_ms=round(ms, 2),
-            unusable={h: sorted(r) for h, r in unusable.items()},
+            solve_ms=round((t1 - t0) * 1000, 2),
+            encode_ms=round((t2 - t1) * 1000, 2),
+            publish_ms=round((t3 - t2) * 1000, 2),
+            bytes=sum(len(d) for _, d in payloads),
+            unusable=_head(f"{h}:{sorted(r)}" for h, r in unusable.items()),
         )
+
+
+def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:
+    """A refused payload as ``service/health`` shows it: its JSON when it parses (and
+    ``whole``), else its first ``limit`` bytes as text."""
+    if whole:
+        with contextlib.suppress(ValueError, RecursionError):
+            return json.loads(payload)
+    return payload[:limit].decode(errors="replace")
 
 
 def _head(items: Iterable[str], n: int = 50) -> list[str]:

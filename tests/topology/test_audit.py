@@ -16,11 +16,11 @@ from linkguard.topology.audit import (
     format_table,
     inventory_problems,
 )
+from linkguard.topology.export import to_ibnetdiscover
 from linkguard.topology.fabric import Fabric, Link
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.ibnetdiscover import import_ibnetdiscover
 from tests.conftest import FIXTURES
-from tests.topology.ibnd_dump import as_ibnetdiscover
 
 X5 = FIXTURES / "ltaulell-HPC_toolset"
 
@@ -30,7 +30,7 @@ ANONYMOUS = None  # switch descriptions that name no expected switch
 
 
 def _dump_audit(links: list[Link] | None = None, *, desc: str | None = ANONYMOUS, **kw):
-    text, _ = as_ibnetdiscover(GEN, links=links, switch_description=desc, **kw)
+    text, _ = to_ibnetdiscover(GEN, links=links, switch_description=desc, **kw)
     r = import_ibnetdiscover(text)
     return audit(GEN, observed=r.fabric, observed_guids=r.guids)
 
@@ -94,7 +94,7 @@ def test_switch_guids_in_the_expected_fabric_match_anonymous_switches() -> None:
     expected = GEN.model_copy(update={"switches": switches})
     links = _links()
     del links[_at(links, "su0-leaf1", "su1-spine3")]
-    text, _ = as_ibnetdiscover(GEN, links=links, switch_description=None)
+    text, _ = to_ibnetdiscover(GEN, links=links, switch_description=None)
     r = import_ibnetdiscover(text)
     assert _brief(audit(expected, observed=r.fabric, observed_guids=r.guids)) == [
         ("missing_link", "su0-leaf1 - su1-spine3", "1 cable", "0 cables")
@@ -145,7 +145,7 @@ def test_hca_cabled_to_another_sus_leaf() -> None:
 
 
 def test_duplicated_guid() -> None:
-    text, _ = as_ibnetdiscover(GEN, switch_description=None)
+    text, _ = to_ibnetdiscover(GEN, switch_description=None)
     first_ca = text.split('Ca\t1 "H-')[1][:16]  # gpu000:mlx5_0
     [f] = _dump_audit(ca_guids={"gpu012:mlx5_0/1": first_ca})
     assert (f.kind, f.subject, f.expected, f.observed) == (
@@ -203,9 +203,37 @@ def test_named_leaves_win_over_the_hosts_vote() -> None:
     assert _dump_audit(links) == []
 
 
+def test_observed_fabric_file_with_an_hca_on_another_rails_leaf(tmp_path: Path) -> None:
+    import yaml
+
+    from linkguard.topology.fabric import dump_fabric, load_fabric
+
+    doc = yaml.safe_load(dump_fabric(GEN, "yaml"))
+    for x in doc["links"]:
+        if x["a"] == "gpu003:mlx5_0/1":
+            x["b"] = "su0-leaf1"  # the rail-0 HCA cabled to the rail-1 leaf
+    path = tmp_path / "observed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    observed = load_fabric(path, observed=True)  # a strict load refuses it
+    assert _brief(audit(GEN, observed=observed)) == [
+        ("wrong_rail", "gpu003:mlx5_0/1", "su0-leaf0 (rail 0)", "su0-leaf1 (rail 1)")
+    ]
+    # the same fault through the shipped dump writer and the importer
+    text, _ = to_ibnetdiscover(observed)
+    r = import_ibnetdiscover(text)
+    assert _brief(audit(GEN, observed=r.fabric, observed_guids=r.guids)) == [
+        (
+            "wrong_rail",
+            "gpu003:mlx5_0/1",
+            "su0-leaf0 (rail 0)",
+            "S-0000000000001001 = su0-leaf1 (rail 1)",
+        )
+    ]
+
+
 def test_unknown_host_and_extra_cable_are_warnings() -> None:
     extra = Link(a="gpu099:mlx5_0/1", b="su1-leaf0", kind="host-leaf", rail=0, rate_gbps=400.0)
-    text, _ = as_ibnetdiscover(GEN, links=[*GEN.links, extra])
+    text, _ = to_ibnetdiscover(GEN, links=[*GEN.links, extra])
     r = import_ibnetdiscover(text)
     findings = audit(GEN, observed=r.fabric, observed_guids=r.guids)
     assert [(f.kind, f.severity, f.subject, f.observed) for f in findings] == [
@@ -323,7 +351,7 @@ def test_reports_and_inventories() -> None:
 
 
 def test_reported_host_absent_from_the_dump_misses_its_cables() -> None:
-    text, _ = as_ibnetdiscover(GEN, links=[x for x in GEN.links if not x.a.startswith("gpu002:")])
+    text, _ = to_ibnetdiscover(GEN, links=[x for x in GEN.links if not x.a.startswith("gpu002:")])
     r = import_ibnetdiscover(text)
     findings = audit(GEN, observed=r.fabric, reported_hosts=["gpu002"])
     assert [(f.kind, f.subject) for f in findings] == [

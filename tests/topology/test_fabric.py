@@ -114,23 +114,73 @@ def test_bad_paths(tmp_path) -> None:
         load_fabric(tmp_path / "f.json")
 
 
-def test_hca_rail_must_match_its_leaf(tmp_path) -> None:
-    from linkguard.topology.fabric import FabricError, dump_fabric, generate_rail_optimized
+def _doc(**gen) -> dict:
+    return yaml.safe_load(dump_fabric(generate_rail_optimized(**gen), "yaml"))
 
-    doc = yaml.safe_load(dump_fabric(generate_rail_optimized(hosts=2, rails=2), "yaml"))
-    # without endpoint subnets (an imported fabric): the moved HCA would otherwise first trip
-    # the endpoint check (its GPUs' home rails change with it)
-    del doc["endpoint_subnets"]
+
+def test_hca_rail_must_match_its_link(tmp_path) -> None:
+    doc = _doc(hosts=2, rails=2)
+    # without endpoint and rail subnets (a hand-written fabric): the moved HCA would otherwise
+    # first trip the subnet checks (its GPUs' home rails change with it, rail 7 has no subnet)
+    del doc["endpoint_subnets"], doc["rail_subnets"]
     doc["hosts"][1]["hcas"][0]["rail"] = 7
     bad = tmp_path / "f.yaml"
     bad.write_text(yaml.safe_dump(doc))
-    with pytest.raises(FabricError, match="HCA is on rail 7 but the link says rail 0"):
-        load_fabric(bad)
+    for observed in (False, True):  # the file contradicts itself: observed or not
+        with pytest.raises(FabricError, match="HCA is on rail 7 but the link says rail 0"):
+            load_fabric(bad, observed=observed)
+
+
+def test_observed_fabric_may_cable_an_hca_to_another_rails_leaf(tmp_path) -> None:
+    doc = _doc(hosts=2, rails=2)
+    [moved] = [x for x in doc["links"] if x["a"] == "gpu001:mlx5_0/1"]
+    moved["b"] = "su0-leaf1"  # the rail-0 HCA on the rail-1 leaf, as an audit would find it
+    path = tmp_path / "observed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    expect = r"gpu001:mlx5_0/1 - su0-leaf1: the HCA is on rail 0 but the leaf says rail 1"
+    with pytest.raises(FabricError, match=expect):
+        load_fabric(path)  # an expected fabric (and the service's) stays strict
+    f = load_fabric(path, observed=True)
+    assert [(x.b, x.rail) for x in f.links if x.a == "gpu001:mlx5_0/1"] == [("su0-leaf1", 0)]
+    assert Fabric.model_validate(doc, context={"observed": True}) == f
+    with pytest.raises(ValidationError, match=expect):
+        Fabric.model_validate(doc)
+    # every other check still applies to an observed fabric
+    doc["hosts"][1]["hcas"][0]["address"] = "10.100.5.2"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FabricError, match=r"10.100.5.2 is not a host address of rail 0's"):
+        load_fabric(path, observed=True)
+
+
+def test_rail_subnets_must_cover_every_rail(tmp_path) -> None:
+    doc = _doc(hosts=2, rails=3)
+    del doc["rail_subnets"]["1"]
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(
+        FabricError,
+        match=r"rail 1 has no entry in rail_subnets \(host gpu000: "
+        r"HCA mlx5_1/1 is on it; there are subnets for rails 0, 2\)",
+    ):
+        load_fabric(path)
+    del doc["rail_subnets"]  # none at all: addresses are not checked against subnets
+    path.write_text(yaml.safe_dump(doc))
+    assert load_fabric(path).rail_subnets == {}
+
+
+def test_yaml_files_are_read_with_libyaml_when_pyyaml_has_it(tmp_path) -> None:
+    from linkguard.topology import fabric as module
+
+    # libyaml's loader reads a 2,048-host file ~3x faster than the pure-Python one (27 s)
+    assert module._YAML_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    # still a safe loader: no Python objects from a fabric file
+    path = tmp_path / "evil.yaml"
+    path.write_text(SMALL_YAML.replace("name: lab", "name: !!python/object/apply:os.getcwd []"))
+    with pytest.raises(FabricError, match="not valid YAML"):
+        load_fabric(path)
 
 
 def test_hca_address_must_be_in_its_rail_subnet(tmp_path) -> None:
-    from linkguard.topology.fabric import FabricError, dump_fabric, generate_rail_optimized
-
     fabric = generate_rail_optimized(hosts=2, rails=2)
     assert {r: str(n) for r, n in fabric.rail_subnets.items()} == {
         0: "10.100.0.0/24",

@@ -46,6 +46,8 @@ def test_contract_round_trips_and_refuses_nonsense() -> None:
     for doc in bad:
         with pytest.raises(ValidationError):
             FabricFaults.model_validate(doc)
+    with pytest.raises(ValidationError, match="switch s1 listed twice"):
+        FabricFaults(switches_down=["s1", "s2", " s1"], at=1)  # names are stripped
 
 
 def test_cables_resolve_in_either_order_all_or_count() -> None:

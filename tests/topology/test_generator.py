@@ -234,6 +234,11 @@ def test_management_slots() -> None:
         ({"hosts": 300, "core": False}, "two tiers cannot be cabled"),
         ({"hosts": 0}, ">= 1"),
         ({"gpus_per_host": 65}, "64 GPUs"),
+        (
+            {"hosts": 64, "spines_per_su": 0},
+            r"64 hosts need 2 SUs of 32, and SUs without spines cannot reach each other",
+        ),
+        ({"hosts": 32, "spines_per_su": 0, "management_hosts_per_su": 1}, "2 SUs of 31"),
     ],
 )
 def test_bad_parameters(kwargs, message) -> None:
@@ -247,7 +252,8 @@ def test_bad_parameters(kwargs, message) -> None:
         {"hosts": 31},
         {"hosts": 100, "rails": 4, "hosts_per_su": 16, "spines_per_su": 2},
         {"hosts": 512, "spines_per_su": 8},
-        {"hosts": 40, "spines_per_su": 0},
+        {"hosts": 30, "spines_per_su": 0},
+        {"hosts": 40, "hosts_per_su": 64, "spines_per_su": 0, "rails": 2},
     ],
 )
 def test_shape_matches_the_fabric(kwargs) -> None:
@@ -258,6 +264,14 @@ def test_shape_matches_the_fabric(kwargs) -> None:
     assert kinds["leaf-spine"] == s.leaf_spine_cables
     assert kinds["spine-spine"] == s.spine_core_cables
     assert len(f.switches) == s.leaves + s.spines + s.cores
+
+
+def test_one_su_without_spines_is_leaves_only() -> None:
+    f = generate_rail_optimized(hosts=32, spines_per_su=0)
+    assert [s.name for s in f.switches] == [f"su0-leaf{r}" for r in range(8)]
+    assert {link.kind for link in f.links} == {"host-leaf"} and len(f.links) == 256
+    # each rail's leaf holds every host: any two hosts still meet on every rail
+    assert set(Counter(link.b for link in f.links).values()) == {32}
 
 
 def test_b200_spine_count_gives_the_same_cores() -> None:

@@ -45,7 +45,9 @@ def test_some_uplinks_down_shrink_capacity_but_move_nothing() -> None:
     leaf = next(x for x in h.leaves if x.leaf == "su0-leaf1")
     assert (leaf.up_gbps, leaf.cut_off) == ((len(ups) - 3) * 400.0, False)
     assert h.bisection_gbps == h.nominal_bisection_gbps - 3 * 400.0 / 2
-    assert h.summary()["leaves_degraded"] == {"su0-leaf1": round((len(ups) - 3) / len(ups), 3)}
+    assert h.summary()["leaves_uplinks_reduced"] == {
+        "su0-leaf1": round((len(ups) - 3) / len(ups), 3)
+    }
 
 
 def test_all_uplinks_down_cuts_the_leaf_off_its_rail() -> None:

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from linkguard.topology.export import to_ibnetdiscover
 from linkguard.topology.fabric import Fabric, FabricError
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.ibnetdiscover import (
@@ -17,7 +18,6 @@ from linkguard.topology.ibnetdiscover import (
     parse_ibnetdiscover,
 )
 from tests.conftest import FIXTURES
-from tests.topology.ibnd_dump import as_ibnetdiscover
 
 REAL = FIXTURES
 X5 = REAL / "ltaulell-HPC_toolset"
@@ -95,6 +95,20 @@ def test_x5_roles_match_the_spine_list(x5) -> None:
         frozenset(("S-0008f105001086a2", "S-0008f10500108530")),
         frozenset(("S-0008f105001086a2", "S-0008f1050010851e")),
     }
+
+
+def test_x5_role_note_counts_as_fabric_show(x5) -> None:
+    from linkguard.topology.export import summarize
+
+    s = summarize(x5.fabric)
+    assert (s.leaves, s.spines, s.cores) == (6, 4, 1)
+    [note] = [n for n in x5.notes if n.startswith("roles:")]
+    assert note == (
+        "roles: 6 leaves (switches with a CA cabled), 4 spines, 1 core (spines cabled to spines "
+        "only), as `fabric show` counts them"
+    )
+    # one rail, every host on one leaf: nothing disagrees
+    assert not any("rail" in w for w in x5.warnings)
 
 
 def test_x5_hosts_per_switch_match_slurm_topology_conf(x5) -> None:
@@ -215,7 +229,12 @@ def test_ibsim_parallel_paths_and_dual_port_hcas() -> None:
     assert cables["Hca2:hca0/1"] == ("Switch2", 1)
     # Both ports of a dual-port HCA on one leaf: the leaf carries two inferred rails.
     assert [s.rail for s in f.switches] == [None, None]
-    assert "leaves carry HCAs of several inferred rails" in " ".join(r.warnings)
+    assert r.warnings == [
+        "2 HCA ports cannot have the inferred rail of their leaf: another port of their host "
+        "has it (a cabling fault, or several ports of a host on one leaf; such a leaf gets no "
+        "rail): Hca1:hca0/2 on Switch1 (the leaf's rail 0; given rail 1); Hca2:hca0/2 on "
+        "Switch2 (the leaf's rail 0; given rail 1)"
+    ]
     topo = parse_ibnetdiscover((IBSIM / "net").read_text())
     assert [(n.kind, n.name) for n in topo.nodes] == [
         ("switch", "Switch1"),
@@ -483,7 +502,7 @@ def test_duplicate_guid_is_a_warning() -> None:
 
 def test_generated_rail_optimized_fabric_round_trips() -> None:
     gen = generate_rail_optimized(hosts=8, rails=4, hosts_per_su=4, spines_per_su=2)
-    text, sw_of = as_ibnetdiscover(gen)
+    text, sw_of = to_ibnetdiscover(gen)
     r = import_ibnetdiscover(text)
     f = r.fabric
     assert f.host_names == gen.host_names
@@ -499,3 +518,120 @@ def test_generated_rail_optimized_fabric_round_trips() -> None:
         s.name: (s.role, s.rail) for s in gen.switches
     }
     assert r.warnings == []
+
+
+# --------------------------------------------------------------------------------------------
+# Rails of a dump with cabling faults: only the HCAs that disagree are named
+
+#: 2 SUs x 8 hosts x 4 rails (leaves su{0,1}-leaf{0..3} = switches 0..7, S-000000000000100<i>)
+FAULTY = generate_rail_optimized(hosts=16, rails=4, hosts_per_su=8)
+
+
+def _import_recabled(moves: dict[str, str | None]):
+    """Import the dump of FAULTY with the host cables in ``moves`` moved to another leaf (or
+    removed: None)."""
+    links = [
+        x if x.a not in moves else x.model_copy(update={"b": moves[x.a]})
+        for x in FAULTY.links
+        if moves.get(x.a, "") is not None
+    ]
+    text, sw_of = to_ibnetdiscover(FAULTY, links=links)
+    r = import_ibnetdiscover(text)
+    rails = {sw_of[s.name]: s.rail for s in r.fabric.switches if s.role == "leaf"}
+    return r, rails
+
+
+def _rails(r, host: str) -> dict[str, int]:
+    return {c.hca: c.rail for c in r.fabric.host(host).hcas}
+
+
+def test_a_cable_on_another_sus_leaf_shifts_no_rail() -> None:
+    r, rails = _import_recabled({"gpu003:mlx5_0/1": "su1-leaf0"})
+    assert r.warnings == []  # before: 4 leaves "carry HCAs of several inferred rails"
+    assert rails == {f"su{s}-leaf{k}": k for s in range(2) for k in range(4)}
+    assert _rails(r, "gpu003") == {f"mlx5_{k}": k for k in range(4)}
+
+
+def test_a_missing_cable_shifts_no_rail() -> None:
+    r, rails = _import_recabled({"gpu005:mlx5_0/1": None})
+    assert r.warnings == []
+    assert rails == {f"su{s}-leaf{k}": k for s in range(2) for k in range(4)}
+    assert _rails(r, "gpu005") == {"mlx5_1": 1, "mlx5_2": 2, "mlx5_3": 3}
+    # addresses in its rails' subnets (the host's index follows the dump's order)
+    assert [c.address.packed[2] for c in r.fabric.host("gpu005").hcas] == [1, 2, 3]
+
+
+def test_two_hcas_of_a_host_on_one_leaf_name_only_the_moved_one() -> None:
+    r, rails = _import_recabled({"gpu003:mlx5_0/1": "su0-leaf1"})
+    assert r.warnings == [
+        "1 HCA ports cannot have the inferred rail of their leaf: another port of their host "
+        "has it (a cabling fault, or several ports of a host on one leaf; such a leaf gets no "
+        "rail): gpu003:mlx5_0/1 on S-0000000000001001 (the leaf's rail 1; given rail 0)"
+    ]
+    assert rails == {
+        f"su{s}-leaf{k}": None if (s, k) == (0, 1) else k for s in range(2) for k in range(4)
+    }
+    assert _rails(r, "gpu003") == {f"mlx5_{k}": k for k in range(4)}
+
+
+def test_export_writes_what_the_importer_reads_back() -> None:
+    """Round trip through the shipped writer: same switches, HCAs, links and rates, for a
+    generated fabric with a core tier and for the real X5 dump (its GUIDs, descriptions, ports,
+    QDR and DDR links)."""
+    from linkguard.topology.export import render
+
+    cored = generate_rail_optimized(hosts=12, rails=2, hosts_per_su=4, spines_per_su=2, core=True)
+    x5 = import_ibnetdiscover(X5 / "X5.topofile", guid_map=X5 / "X5.map").fabric
+    for fabric in (cored, x5):
+        text, sw_of = to_ibnetdiscover(fabric)
+        assert render(fabric, "ibnetdiscover") == text
+        back = import_ibnetdiscover(text, name=fabric.name).fabric
+        assert {sw_of[s.name]: (s.role, s.rail) for s in back.switches} == {
+            s.name: (s.role, s.rail) for s in fabric.switches
+        }
+        assert sum(len(h.hcas) for h in back.hosts) == sum(len(h.hcas) for h in fabric.hosts)
+        assert _kinds(back) == _kinds(fabric)
+        rates = Counter((x.kind, x.rate_gbps) for x in back.links)
+        assert rates == Counter((x.kind, x.rate_gbps) for x in fabric.links)
+    # the X5 import again: same GUIDs, descriptions, host names and port numbers
+    assert back.host_names == x5.host_names
+    assert sorted(back.switches, key=lambda s: s.name) == sorted(x5.switches, key=lambda s: s.name)
+    assert back.hosts == x5.hosts
+
+    # every cable between the same ports, same width and speed (switch-switch ones may name
+    # their ends the other way round: the end listed first comes first)
+    def ends(f: Fabric) -> Counter:
+        return Counter(
+            (frozenset(((x.a, x.a_port), (x.b, x.b_port))), x.kind, x.width, x.speed)
+            for x in f.links
+        )
+
+    assert ends(back) == ends(x5)
+
+
+def test_export_widths_speeds_and_refusals() -> None:
+    from linkguard.topology.fabric import Link
+
+    f = generate_rail_optimized(hosts=2, rails=1, spines_per_su=0)
+    text, _ = to_ibnetdiscover(f)
+    assert text.count("4xNDR") == 4  # 2 cables, each listed from both ends
+    [ca_line] = [x for x in text.splitlines() if x.startswith("[1](a0001)")]
+    assert ca_line == (
+        '[1](a0001) \t"S-0000000000001000"[1]\t\t# lid 2 lmc 0 "su0-leaf0" lid 1 4xNDR'
+    )
+    odd = [
+        f.links[0].model_copy(update={"rate_gbps": 100.0}),  # 4xEDR
+        f.links[1].model_copy(update={"rate_gbps": None}),  # unknown: ?????
+    ]
+    r = import_ibnetdiscover(to_ibnetdiscover(f, links=odd)[0])
+    assert [(x.width, x.speed, x.rate_gbps) for x in r.fabric.links] == [
+        ("4x", "EDR", 100.0),
+        (None, None, None),
+    ]
+    twice = [*f.links, f.links[0].model_copy(update={"b_port": 1})]
+    with pytest.raises(ValueError, match="gpu000:mlx5_0/1 is cabled twice"):
+        to_ibnetdiscover(f, links=twice)
+    two = generate_rail_optimized(hosts=2, rails=2, spines_per_su=0)
+    many = [Link(a="su0-leaf0", b="su0-leaf1", kind="leaf-leaf")] * 256
+    with pytest.raises(ValueError, match=r"su0-leaf0 needs 256 ports \(InfiniBand allows 255\)"):
+        to_ibnetdiscover(two, links=many)

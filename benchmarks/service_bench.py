@@ -1,0 +1,176 @@
+"""The topology service end to end at fleet scale: port states in, every changed plan out.
+
+Usage: ``python benchmarks/service_bench.py [--hosts 2048] [--rails 8] [--debounce-ms MS]``.
+Needs the ``mosquitto`` binary (started here on a free loopback port, stopped at the end).
+
+Runs the real :class:`~linkguard.topology.service.TopologyService` on a generated fabric and a
+real Mosquitto; an observer client plays the agents' side: it publishes port states and
+counts the plans the broker delivers. Prints, for the first plans (full build), one host link
+down and one leaf down (the 31-32 ports of one leaf, in one batch): the time from the first
+port state published to the last changed plan received, the number and bytes of plans, and
+the service's own split (solve / encode / publish ms, from its ``plans_published`` log line).
+Each event is reverted (and its plans drained) before the next. No I/O besides the broker and
+stdout; the numbers move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import structlog
+from structlog.testing import capture_logs
+
+from linkguard import topics
+from linkguard.bus import Bus, BusMessage
+from linkguard.config import BusSettings, ServiceSettings
+from linkguard.models import PortState, PortStatus, encode
+from linkguard.topology.generator import generate_rail_optimized
+from linkguard.topology.service import TopologyService
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mosquitto(workdir: Path) -> tuple[subprocess.Popen, int]:
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    port = _free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        "max_queued_messages 100000\nmax_inflight_messages 0\n"
+    )
+    proc = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.02)
+    proc.kill()
+    raise SystemExit(f"mosquitto did not start on 127.0.0.1:{port}")
+
+
+class _Plans:
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.last = 0.0
+
+    async def handle(self, msg: BusMessage) -> None:
+        self.count += 1
+        self.bytes += len(msg.payload)
+        self.last = time.monotonic()
+
+
+def _state(host: str, rail: int, status: PortStatus, seq: int) -> PortState:
+    return PortState(
+        host=host,
+        hca=f"mlx5_{rail}",
+        port=1,
+        rail=rail,
+        status=status,
+        usable=status == PortStatus.UP,
+        observed_at=time.time(),
+        seq=seq,
+    )
+
+
+async def _run(args: argparse.Namespace) -> None:
+    fabric = generate_rail_optimized(hosts=args.hosts, rails=args.rails)
+    n = len(fabric.hosts)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = _mosquitto(Path(tmp))
+        try:
+            bus = BusSettings(port=port, reconnect_min_s=0.05)
+            service = TopologyService(
+                ServiceSettings(bus=bus, debounce_ms=args.debounce_ms, startup_settle_s=0),
+                fabric=fabric,
+            )
+            plans = _Plans()
+            with capture_logs() as logs:
+                task = asyncio.create_task(service.run())
+                async with Bus(
+                    host="127.0.0.1",
+                    port=port,
+                    client_id="bench-agents",
+                    subscriptions=[topics.all_plans()],
+                    handler=plans.handle,
+                ) as agents:
+                    await agents.wait_connected(10)
+
+                    async def settle(want: int, t0: float, what: str) -> None:
+                        deadline = time.monotonic() + 120
+                        while plans.count < want:
+                            if time.monotonic() > deadline:
+                                raise SystemExit(f"{what}: {plans.count}/{want} plans in 120 s")
+                            await asyncio.sleep(0.005)
+                        await asyncio.sleep(0.3)  # nothing more should come
+                        split = [e for e in logs if e["event"] == "plans_published"][-1]
+                        ms = (plans.last - t0) * 1000
+                        print(
+                            f"{what:<34} {ms:>9.0f} ms {plans.count:>7} {plans.bytes / 2**20:>8.1f}"
+                            f" MiB   solve {split['solve_ms']:.0f} / encode "
+                            f"{split['encode_ms']:.0f} / publish {split['publish_ms']:.0f} ms"
+                        )
+
+                    print(
+                        f"service end to end: {n} hosts x {args.rails} rails, debounce "
+                        f"{args.debounce_ms} ms, real Mosquitto on 127.0.0.1\n"
+                    )
+                    print(f"{'event':<34} {'last plan':>12} {'plans':>7} {'size':>12}")
+                    t0 = time.monotonic()
+                    await settle(n, t0, "first plans (full build)")
+                    seq = 1
+                    cases = {
+                        "host link down": [(fabric.hosts[n // 2].host, 3 % args.rails)],
+                        "leaf down (one SU, one rail)": [
+                            (h.host, 2 % args.rails) for h in fabric.hosts[160:192] or fabric.hosts
+                        ],
+                    }
+                    for what, ports in cases.items():
+                        for status, label in ((PortStatus.DOWN, what), (PortStatus.UP, None)):
+                            plans.count = plans.bytes = 0
+                            seq += 1
+                            t0 = time.monotonic()
+                            for host, rail in ports:
+                                st = _state(host, rail, status, seq)
+                                await agents.publish(
+                                    topics.port_state(host, st.hca, 1), encode(st), retain=True
+                                )
+                            await settle(n, t0, label or f"  ({what}: back up)")
+                service.stop()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 10)
+        finally:
+            proc.terminate()
+            proc.wait(5)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=2048)
+    ap.add_argument("--rails", type=int, default=8)
+    ap.add_argument(
+        "--debounce-ms",
+        type=float,
+        default=ServiceSettings.model_fields["debounce_ms"].default,
+        help="the service's batching window (default: the service's default)",
+    )
+    args = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(20))
+    asyncio.run(_run(args))
+
+
+if __name__ == "__main__":
+    main()
