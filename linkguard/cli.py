@@ -79,7 +79,7 @@ def _cable(text: str):
             f"must be A,B or A,B,COUNT (two switch names, optionally a count), got {text!r}"
         )
     if len(parts) == 3 and not parts[2].isdigit():
-        raise argparse.ArgumentTypeError(f"COUNT must be a whole number, got {parts[2]!r}")
+        raise argparse.ArgumentTypeError(f"COUNT must be a whole number >= 1, got {parts[2]!r}")
     try:
         return CableRef(a=parts[0], b=parts[1], count=int(parts[2]) if len(parts) == 3 else None)
     except ValidationError as exc:
@@ -210,7 +210,8 @@ def _add_fabric_source(p: argparse.ArgumentParser) -> None:
         "--guid-map",
         type=Path,
         metavar="FILE",
-        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines)",
+        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines, or a "
+        'node-name-map\'s `0x<guid> "<host> <device>"`)',
     )
     src.add_argument(
         "--generate",
@@ -222,9 +223,12 @@ def _add_fabric_source(p: argparse.ArgumentParser) -> None:
 
 def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot express (exit 2 with a message naming the option)."""
-    if args.command != "fabric" or args.fabric_command not in ("show", "export", "audit"):
+    if args.command != "fabric" or args.fabric_command == "faults":  # see _check_faults_usage
         return
     parser = args.subparser
+    if args.fabric_command == "generate":
+        _check_format_suffix(parser, args, writes=("json", "yaml"))
+        return
     is_audit = args.fabric_command == "audit"
     if args.guid_map and not args.ibnetdiscover:
         parser.error("--guid-map goes with --ibnetdiscover")
@@ -244,6 +248,7 @@ def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespac
             )
         return
     if args.fabric_command == "export":
+        _check_format_suffix(parser, args, writes=("json", "yaml", "dot", "ibnetdiscover"))
         fmt = _export_format(args)
         if fmt is None:
             parser.error(
@@ -252,6 +257,29 @@ def _check_fabric_usage(parser: argparse.ArgumentParser, args: argparse.Namespac
             )
         if args.aggregate and fmt != "dot":
             parser.error(f"--aggregate applies to DOT only, not to {fmt}")
+
+
+def _check_format_suffix(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, writes: tuple[str, ...]
+) -> None:
+    """``fabric generate|export -o FILE``: exit 2 when ``--format`` contradicts the suffix of
+    FILE (YAML into ``x.json``: later loads fail), or without ``--format`` when the suffix
+    names a format the subcommand does not write (``writes``)."""
+    from linkguard.topology.export import format_from_suffix
+
+    implied = format_from_suffix(args.output) if args.output else None
+    if implied is None:
+        return
+    if args.format and args.format != implied:
+        parser.error(
+            f"--format {args.format} contradicts -o {args.output}, whose suffix means "
+            f"{implied}: make them agree, or leave --format out"
+        )
+    if implied not in writes:
+        parser.error(
+            f"-o {args.output}: its suffix means {implied}, but this subcommand writes "
+            f"{' or '.join(writes)} (`fabric export` writes {implied})"
+        )
 
 
 def _check_faults_usage(args: argparse.Namespace) -> None:
@@ -333,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rail of the first host that fails",
     )
     q.add_argument("-v", "--verbose", action="store_true", help="show the daemons' logs")
+    q.set_defaults(subparser=q)  # usage errors found after parsing name the subcommand
 
     a = sub.add_parser("agent", help="per-host agent: watch ports, publish states, apply plans")
     _add_common(a)
@@ -362,9 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=["json", "yaml"],
         default=None,
-        help="default: from the -o suffix (.json), else yaml",
+        help="default: from the -o suffix (.json, .yaml/.yml), else yaml; a format the suffix "
+        "contradicts is refused",
     )
     fg.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    fg.set_defaults(subparser=fg)
 
     fs = fsub.add_parser(
         "show",
@@ -395,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=["json", "yaml", "dot", "ibnetdiscover"],
         default=None,
-        help="default: from the -o suffix (.json, .yaml/.yml, .dot/.gv, .topo), else yaml",
+        help="default: from the -o suffix (.json, .yaml/.yml, .dot/.gv, .topo), else yaml; a "
+        "format the suffix contradicts is refused",
     )
     fe.add_argument(
         "--aggregate",
@@ -434,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--guid-map",
         type=Path,
         metavar="FILE",
-        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines)",
+        help="with --ibnetdiscover: GUID -> host name map (`H-<guid> <host>` lines, or a "
+        'node-name-map\'s `0x<guid> "<host> <device>"`)',
     )
     fa.add_argument(
         "--fabric",
@@ -453,8 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
         "down) to the topology service",
         description="Publish the complete set of switch-level faults known now, retained (QoS 1) "
         "on linkguard/v1/fabric/faults. Each publish replaces the previous set: list everything "
-        "that is still down; --clear publishes an empty set (all repaired). With --fabric FILE "
-        "the names are checked here first. The topology service checks them too: it refuses a "
+        "that is still down; --clear publishes an empty set (all repaired). With --fabric FILE, "
+        "or a --config whose fabric: or generate: names the service's fabric, the names are "
+        "checked here first. The topology service checks them too: it refuses a "
         "whole set that names an unknown switch or a cable its fabric does not have (the "
         "previous set stays in effect and is published back on the topic; the refusal shows as "
         "'refused' in the health) and keeps the resulting health (leaves cut off, uplink "
@@ -462,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: linkguard fabric faults --broker mqtt:1883 --fabric fabric.yaml "
         "--switch-down su3-spine1 --cable-down su0-leaf2,su0-spine0,2 --reason CHG-1234. Exit "
         "codes: 0 published, 1 broker unreachable or publish not confirmed, 2 bad usage or "
-        "configuration, or a name the --fabric file does not have.",
+        "configuration, or a name the fabric (--fabric, else the config's) does not have.",
     )
     fault.set_defaults(subparser=fault)
     fault.add_argument(
@@ -470,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         help="the topology service's YAML config: its bus section (broker, credentials) is "
-        "used; LINKGUARD_BUS__* variables override it",
+        "used, and its fabric (fabric: or generate:) to check the names as --fabric does; "
+        "LINKGUARD_* variables override it",
     )
     fault.add_argument(
         "--broker",
@@ -503,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="the service's fabric file (JSON/YAML): check every switch and cable against it "
-        "before publishing, as the service does (a name it lacks: exit 2, nothing published)",
+        "before publishing, as the service does (a name it lacks: exit 2, nothing published); "
+        "given with --config, this file is checked, not the config's fabric",
     )
     fault.add_argument(
         "--timeout",
@@ -527,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "quickstart" and args.rail >= args.rails:
-        parser.error(
+        args.subparser.error(
             f"--rail {args.rail} is not one of the {args.rails} rails (0-{args.rails - 1})"
         )
     _check_fabric_usage(parser, args)
@@ -632,7 +668,7 @@ def _fabric(args: argparse.Namespace) -> int:
     the output cannot be written."""
     from linkguard.logs import configure_logging
     from linkguard.topology.export import render, summary_text
-    from linkguard.topology.fabric import FabricError, load_fabric
+    from linkguard.topology.fabric import FabricError, load_fabric, serving_problems
     from linkguard.topology.generator import generate_rail_optimized
 
     if args.fabric_command == "faults":
@@ -661,6 +697,8 @@ def _fabric(args: argparse.Namespace) -> int:
         fmt = args.format or ("json" if args.output and args.output.suffix == ".json" else "yaml")
         text = render(fabric, fmt)
     elif args.fabric_command == "show":
+        for problem in serving_problems(fabric):  # the service refuses such a fabric
+            print(f"linkguard: note: `topology serve` would refuse it: {problem}", file=sys.stderr)
         text = summary_text(fabric, hosts_shown=args.show_hosts)
     else:
         try:
@@ -714,6 +752,7 @@ def _audit(args: argparse.Namespace) -> int:
             observed=fabric,
             observed_guids=guids,
             reported_hosts=others if len(observed) > 1 else None,
+            reported_as="the other observed source",
         )
         if i:
             found = [f for f in found if f.kind not in ("missing_host", "unknown_host")]
@@ -726,9 +765,11 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _faults(args: argparse.Namespace) -> int:
     """``fabric faults``: publish ``args.faults`` retained; 0 once the broker confirmed it, 1
-    when it cannot be reached or does not confirm, 2 for a bad config, a bad ``--fabric``
-    file or a name that fabric does not have (checked as the service checks it:
-    :meth:`~linkguard.topology.state.FabricState.assess_faults`)."""
+    when it cannot be reached or does not confirm, 2 for a bad config, a bad fabric or a name
+    that fabric does not have (checked as the service checks it:
+    :meth:`~linkguard.topology.state.FabricState.assess_faults`). The fabric: ``--fabric``,
+    else the config's (``fabric:`` or ``generate:``, as the service would load it), else
+    none (names unchecked)."""
     from linkguard import topics
     from linkguard.config import ConfigError, ServiceSettings, load_settings
     from linkguard.logs import configure_logging
@@ -736,17 +777,26 @@ def _faults(args: argparse.Namespace) -> int:
 
     overrides = {"bus": {"host": args.broker[0], "port": args.broker[1]}} if args.broker else {}
     try:
-        bus = load_settings(ServiceSettings, args.config, **overrides).bus
+        settings = load_settings(ServiceSettings, args.config, **overrides)
     except ConfigError as exc:
         return _fail(str(exc), 2)
-    if args.fabric is not None:
+    bus = settings.bus
+    if args.fabric is not None or settings.fabric is not None or settings.generate is not None:
         from linkguard.topology.fabric import load_fabric
+        from linkguard.topology.service import fabric_from_settings
         from linkguard.topology.state import FabricState
 
+        # --fabric FILE wins over the config's fabric, as --broker over its broker
+        source = (
+            f"--fabric {args.fabric}"
+            if args.fabric
+            else f"the fabric of {args.config or 'the LINKGUARD_* settings'}"
+        )
         try:
-            FabricState(fabric=load_fabric(args.fabric), epoch_start=0).assess_faults(args.faults)
+            fabric = load_fabric(args.fabric) if args.fabric else fabric_from_settings(settings)
+            FabricState(fabric=fabric, epoch_start=0).assess_faults(args.faults)
         except ValueError as exc:  # a bad file (FabricError) or a name the fabric lacks
-            return _fail(f"{exc}; nothing published", 2)
+            return _fail(f"{exc} (checked against {source}); nothing published", 2)
     # the bus logs every failed connection attempt; one message below says it once
     configure_logging("console", "error")
     where = f"{bus.host}:{bus.port}"

@@ -460,7 +460,7 @@ def decode(
         host = getattr(obj, "host", None)
         if host != expect_host:
             raise BadMessage(
-                "wrong_host", f"payload host {host!r} on topic of {expect_host!r}", topic=topic
+                "wrong_host", f"payload host {host!r}, expected {expect_host!r}", topic=topic
             )
     return obj
 

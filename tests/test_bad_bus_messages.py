@@ -235,3 +235,27 @@ async def test_a_change_during_a_solve_gets_its_own_solve(mosquitto, monkeypatch
     finally:
         service.stop()
         await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.real
+async def test_agent_takes_a_cleared_plan_as_no_plan(agent_on_bus) -> None:
+    """A zero-length retained plan is MQTT's deletion (the service clears plans of hosts its
+    fabric does not list): not a bad message; the routes stay; logged once per clear, again
+    only after a plan arrived in between."""
+    agent, table, sender, _ = agent_on_bus
+    before, changes = dict(table.routes), table.changes
+    with capture_logs() as logs:
+        cleared = lambda: [e for e in logs if e["event"] == "plan_cleared"]  # noqa: E731
+        await sender.publish(topics.plan(HOST), b"", retain=True)
+        await until(lambda: len(cleared()) == 1, "the clear noticed")
+        await sender.publish(topics.plan(HOST), b"", retain=True)
+        await sender.publish(topics.plan(HOST), _plan_bytes(11), retain=True)
+        await until(lambda: agent.applier.applied_epoch == 11, "the next plan")
+        assert len(cleared()) == 1  # the second clear, before plan 11, said nothing
+        await sender.publish(topics.plan(HOST), b"", retain=True)
+        await until(lambda: len(cleared()) == 2, "a clear after plan 11")
+    assert cleared()[0]["host"] == HOST and cleared()[0]["applied_epoch"] == 10
+    assert cleared()[1]["applied_epoch"] == 11
+    assert agent.stats.messages_dropped == {} and agent.stats.plans_refused == {}
+    assert table.routes == before and table.changes == changes  # plan 11 = plan 10's routes
+    assert not [e for e in logs if e["event"] == "message_dropped"]

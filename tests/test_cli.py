@@ -496,3 +496,122 @@ def test_fabric_export_ibnetdiscover_reads_back(tmp_path: Path, capsys) -> None:
     assert "  switches  6 leaves, 6 spines, 0 core\n" in out.out
     assert "    host-leaf         80 x 400 Gb/s\n    leaf-spine        96 x 400 Gb/s\n" in out.out
     assert "warning" not in out.err
+
+
+# --- fabrics the service cannot serve, formats that contradict the file name ----------------
+
+
+def test_serve_refuses_a_fabric_without_netdevs_or_endpoints(
+    fixtures_real: Path, tmp_path: Path, capsys
+) -> None:
+    """An imported fabric validates but gives plans agents cannot apply (no netdevs) or that
+    delete their routes (no endpoints): `topology serve` exits 2 before connecting, and
+    `fabric show` warns."""
+    x5 = fixtures_real / "ltaulell-HPC_toolset"
+    imported = tmp_path / "x5.yaml"
+    dump = ["--ibnetdiscover", str(x5 / "X5.topofile"), "--guid-map", str(x5 / "X5.map")]
+    assert main(["fabric", "export", *dump, "-o", str(imported)]) == 0
+    capsys.readouterr()
+    out = _cli("topology", "serve", "--fabric", str(imported), "--broker", "127.0.0.1:9")
+    assert out.returncode == 2
+    assert out.stderr == (
+        f"linkguard: {imported}: the topology service cannot serve this fabric: 89 HCA port(s) "
+        "without a netdev (r422node2:hca0/1, r422node8:hca0/1, r422node36:hca0/1 and 86 "
+        "more): set each HCA's netdev (the interface its rail's routes leave by, e.g. ib0 or "
+        "ens3np0); 89 host(s) without GPU endpoints (r422node2, r422node8, r422node36 and 86 "
+        "more): set each host's endpoints (one address per GPU, index = GPU). A fabric imported "
+        "from ibnetdiscover has neither: fill in the netdevs and endpoints (or generate one "
+        "with `linkguard fabric generate`)\n"
+    )
+    assert main(["fabric", "show", "--fabric", str(imported), "--show-hosts", "0"]) == 0
+    err = capsys.readouterr().err
+    assert [x.split(" (")[0] for x in err.splitlines()] == [
+        "linkguard: note: `topology serve` would refuse it: 89 HCA port(s) without a netdev",
+        "linkguard: note: `topology serve` would refuse it: 89 host(s) without GPU endpoints",
+    ]
+    # one host without endpoints is enough to refuse; the rest of a generated fabric is fine
+    doc = yaml.safe_load(_generated(tmp_path).read_text())
+    doc["hosts"][2]["endpoints"], doc["hosts"][2]["gpu_numa"] = [], []
+    del doc["endpoint_subnets"]
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(yaml.safe_dump(doc))
+    from linkguard.config import ServiceSettings
+    from linkguard.topology.fabric import FabricError
+    from linkguard.topology.service import fabric_from_settings
+
+    with pytest.raises(FabricError, match=r"1 host\(s\) without GPU endpoints \(gpu002\)"):
+        fabric_from_settings(ServiceSettings(fabric=partial))
+    assert main(["fabric", "show", "--fabric", str(_generated(tmp_path))]) == 0
+    assert "would refuse" not in capsys.readouterr().err
+    assert len(fabric_from_settings(ServiceSettings(fabric=_generated(tmp_path))).hosts) == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["generate", "--hosts", "4", "-o", "x.json", "--format", "yaml"],
+            "--format yaml contradicts -o x.json, whose suffix means json: make them agree, or "
+            "leave --format out",
+        ),
+        (
+            ["generate", "-o", "x.yml", "--format", "json"],
+            "--format json contradicts -o x.yml, whose suffix means yaml: make them agree, or "
+            "leave --format out",
+        ),
+        (
+            ["generate", "-o", "x.dot"],
+            "-o x.dot: its suffix means dot, but this subcommand writes json or yaml (`fabric "
+            "export` writes dot)",
+        ),
+        (
+            ["export", "--generate", "-o", "x.yaml", "--format", "json"],
+            "--format json contradicts -o x.yaml, whose suffix means yaml: make them agree, or "
+            "leave --format out",
+        ),
+        (
+            ["export", "--generate", "-o", "x.topo", "--format", "dot"],
+            "--format dot contradicts -o x.topo, whose suffix means ibnetdiscover: make them "
+            "agree, or leave --format out",
+        ),
+    ],
+)
+def test_format_contradicting_the_output_suffix_exits_2(
+    tmp_path: Path, argv: list[str], message: str, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["fabric", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: linkguard fabric {argv[0]} ")
+    assert err.endswith(f"linkguard fabric {argv[0]}: error: {message}\n")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_format_agreeing_with_the_suffix_or_an_unknown_suffix_is_fine(tmp_path: Path) -> None:
+    for name, fmt in (("a.json", "json"), ("b.yml", "yaml"), ("c.txt", "json")):
+        argv = ["fabric", "generate", "--hosts", "2", "-o", str(tmp_path / name), "--format", fmt]
+        assert main(argv) == 0
+    assert load_fabric(tmp_path / "a.json") == load_fabric(tmp_path / "b.yml")
+    assert json.loads((tmp_path / "c.txt").read_text())["name"] == "rail-optimized-2x8"
+    assert main(["fabric", "export", "--generate", "-o", str(tmp_path / "d.gv")]) == 0
+
+
+def test_quickstart_rail_error_shows_the_quickstart_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["quickstart", "--rail", "9"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: linkguard quickstart [-h] [--hosts HOSTS]")
+    assert err.endswith("linkguard quickstart: error: --rail 9 is not one of the 4 rails (0-3)\n")
+
+
+def test_cable_count_below_one_says_so(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["fabric", "faults", "--cable-down", "a,b,-1"])
+    assert e.value.code == 2
+    assert (
+        "argument --cable-down: COUNT must be a whole number >= 1, got '-1'"
+        in capsys.readouterr().err
+    )

@@ -83,6 +83,13 @@ def test_decode_wrong_host() -> None:
     with pytest.raises(BadMessage) as e:
         decode(PortState, encode(_state()), expect_host="gpu002")
     assert e.value.reason == "wrong_host"
+    # neutral wording: the payload may come from a file (the agent's last plan), not a topic
+    assert str(e.value) == "wrong_host: payload host 'gpu001', expected 'gpu002'"
+    topic = topics.port_state("gpu002", "mlx5_0", 1)
+    with pytest.raises(BadMessage) as e:
+        decode(PortState, encode(_state()), topic=topic, expect_host="gpu002")
+    assert e.value.topic == topic
+    assert str(e.value) == f"wrong_host: payload host 'gpu001', expected 'gpu002' (topic {topic})"
 
 
 def test_plan_refuses_duplicate_destination() -> None:

@@ -411,3 +411,50 @@ def test_cli_bad_config_exits_2(tmp_path, capsys) -> None:
     missing = tmp_path / "service.yaml"
     assert main(["fabric", "faults", "-c", str(missing), "--clear"]) == 2
     assert f"config file {missing} does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["fabric", "generate"])
+def test_cli_checks_names_against_the_configs_fabric(source, tmp_path, capsys) -> None:
+    """``-c service.yaml`` with a ``fabric:`` file or a ``generate:`` section: the names are
+    checked against that fabric as against ``--fabric FILE``; nothing is published."""
+    config = tmp_path / "service.yaml"
+    if source == "fabric":
+        path = tmp_path / "fabric.json"
+        path.write_text(dump_fabric(FABRIC))
+        config.write_text(f"fabric: {path}\n")
+    else:
+        config.write_text("generate:\n  hosts: 64\n  rails: 4\n")
+    broker = f"127.0.0.1:{_free_port()}"  # exit 2, not 1: it never tried to publish
+    argv = ["fabric", "faults", "-c", str(config), "--broker", broker]
+    assert main([*argv, "--switch-down", "BADNAME"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown switch 'BADNAME' in fabric" in err and "nothing published" in err
+    assert main([*argv, "--cable-down", "su0-leaf0,su0-spine0,5"]) == 2
+    assert "5 down but the fabric has only 4" in capsys.readouterr().err
+    # the names are right: it goes on to publish (and finds no broker)
+    assert main([*argv, "--switch-down", "su1-spine3"]) == 1
+    assert "cannot reach the MQTT broker" in capsys.readouterr().err
+
+
+def test_cli_fabric_option_wins_over_the_configs(tmp_path, capsys) -> None:
+    """``--fabric FILE`` is checked instead of the config's fabric, as ``--broker`` is used
+    instead of the config's broker."""
+    config = tmp_path / "service.yaml"
+    config.write_text("generate:\n  hosts: 4\n  rails: 2\n")  # one SU: no su1-leaf3
+    path = tmp_path / "fabric.json"
+    path.write_text(dump_fabric(FABRIC))
+    broker = f"127.0.0.1:{_free_port()}"
+    argv = ["fabric", "faults", "-c", str(config), "--broker", broker]
+    assert main([*argv, "--switch-down", "su1-leaf3"]) == 2
+    assert "unknown switch 'su1-leaf3'" in capsys.readouterr().err
+    assert main([*argv, "--fabric", str(path), "--switch-down", "su1-leaf3"]) == 1
+    assert "cannot reach the MQTT broker" in capsys.readouterr().err
+
+
+def test_cli_bad_fabric_in_the_config_exits_2(tmp_path, capsys) -> None:
+    config = tmp_path / "service.yaml"
+    config.write_text(f"fabric: {tmp_path / 'absent.yaml'}\n")
+    broker = f"127.0.0.1:{_free_port()}"
+    assert main(["fabric", "faults", "-c", str(config), "--broker", broker, "--clear"]) == 2
+    err = capsys.readouterr().err
+    assert "absent.yaml" in err and "nothing published" in err

@@ -137,8 +137,9 @@ async def test_service_warns_about_agents_that_do_not_match_the_fabric(
                 mosquitto.port, topics.service_audit(), until_payload=b"inventory_mismatch"
             )
         )
-        # gpu001's two swapped rails; gpu000 has no agent online
-        assert doc["counts"] == {"inventory_mismatch": 2, "missing_host": 1}, doc
+        # gpu001's two swapped rails; gpu000 has no agent online; gpu900 is not in the fabric
+        want = {"inventory_mismatch": 2, "missing_host": 1, "unknown_host": 1}
+        assert doc["counts"] == want, doc
     finally:
         for a in (stranger, swapped):
             a.stop()

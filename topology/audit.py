@@ -119,11 +119,33 @@ def _order(f: Finding) -> tuple:
     )
 
 
+#: ``"<observed switch> = "`` before the expected switch it was matched to (a dump's GUID name)
+_ALIAS = re.compile(r"^\S+ = ")
+#: width and lane speed before a rate (``4xEDR 100 Gb/s``), as :func:`_sig_text` writes them
+_WIDTH_SPEED = re.compile(r"(?:\d+x|\?)(?:[A-Z][A-Z0-9]*|\?) (?=[0-9.]+ Gb/s$)")
+
+
+def _identity(f: Finding) -> tuple[str, str, str | None, str | None]:
+    """What makes two findings the same one: kind, subject, expected, and what was observed,
+    whichever source saw it: a switch by the expected switch it was matched to (a dump names it
+    ``S-<GUID> = su0-leaf1``, a fabric file ``su0-leaf1``), a rate without the width and lane
+    speed only a dump gives (``4xEDR 100 Gb/s``, ``100 Gb/s``). The detail is not compared."""
+    seen = f.observed
+    if seen is not None:
+        seen = _WIDTH_SPEED.sub("", _ALIAS.sub("", seen))
+    return (f.kind, f.subject, f.expected, seen)
+
+
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Without duplicates, errors first, then by kind in :data:`KINDS` order, then subject with
     numbers compared as numbers (gpu2 before gpu10), then the texts: the order :func:`audit`
-    returns, for combining the findings of several audits."""
-    return sorted(dict.fromkeys(findings), key=_order)
+    returns, for combining the findings of several audits. Of findings that are the same
+    (:func:`_identity`: kind, subject, expected, observed, e.g. one fault in a dump and in a
+    fabric file) the first given is kept."""
+    first: dict[tuple[str, str, str | None, str | None], Finding] = {}
+    for f in findings:
+        first.setdefault(_identity(f), f)
+    return sorted(first.values(), key=_order)
 
 
 _NO_INVENTORIES: Mapping[str, HostInventory] = MappingProxyType({})
@@ -483,6 +505,7 @@ def audit(
     observed_guids: Mapping[str, str] | None = None,
     inventories: Mapping[str, HostInventory] = _NO_INVENTORIES,
     reported_hosts: Collection[str] | None = None,
+    reported_as: str = "the hosts that reported",
 ) -> list[Finding]:
     """Compare ``expected`` with what was observed; the findings in :func:`sort_findings` order
     (errors first, then by kind, then subject).
@@ -491,7 +514,8 @@ def audit(
     import's ``guids``: names -> GUIDs) or a fabric file read with
     ``load_fabric(path, observed=True)`` (validated without the HCA-vs-leaf rail check, so that
     an HCA on another rail's leaf loads and is reported as ``wrong_rail``). ``inventories``: agents'
-    inventories by host name. ``reported_hosts``: hosts that reported (e.g. agents online).
+    inventories by host name. ``reported_hosts``: hosts that reported (e.g. agents online),
+    named ``reported_as`` in a ``missing_host`` finding's detail.
 
     Hosts (by name): ``missing_host`` for an expected host that never reported, i.e. is neither in
     ``reported_hosts`` (when given), nor in ``observed``, nor in ``inventories`` (checked only
@@ -539,7 +563,7 @@ def audit(
         sources.append("the observed fabric")
     if reported_hosts is not None:
         reported.update(reported_hosts)
-        sources.append("the hosts that reported")
+        sources.append(reported_as)
     if inventories:
         sources.append("the agents' inventories")
     missing: set[str] = set()

@@ -25,10 +25,11 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
-from linkguard.models import HostInventory
+from linkguard.models import HostInventory, RailIndex
 
 __all__ = [
     "NDR_GBPS",
@@ -36,9 +37,11 @@ __all__ = [
     "FabricError",
     "Link",
     "Switch",
+    "check_servable",
     "dump_fabric",
     "home_rails",
     "load_fabric",
+    "serving_problems",
     "switch_tiers",
 ]
 
@@ -103,11 +106,14 @@ class Fabric(_Model):
     - every HCA has an ``address`` (peers use it as next hop) and all addresses, HCA and
       endpoint, are unique across the fabric;
     - at most 64 endpoints per host, at least one HCA when there are endpoints, and
-      ``gpu_numa`` is empty or one entry per endpoint;
+      ``gpu_numa`` is empty or one entry per endpoint; no two HCAs of a host share a ``netdev``;
+    - ``rail_subnets`` and ``endpoint_subnets`` are keyed by rails 0..63, their networks have
+      no host bits set, and no two subnets (of either kind) overlap;
     - when ``rail_subnets`` is given, every rail that has an HCA has a subnet, and every HCA
       address is a host address of its rail's subnet (``endpoint_subnets`` likewise: every
       GPU's home rail has one, holding the endpoint);
-    - every link end names a known switch or an existing ``host:hca/port``;
+    - every link end names a known switch or an existing ``host:hca/port``; a link's two ends
+      differ, and an HCA port is cabled once;
     - a ``host-leaf`` link's ``rail`` and its leaf's ``rail`` (where set) are the HCA's rail.
       Validated with the context ``{"observed": True}`` (``load_fabric(path, observed=True)``,
       ``Fabric.model_validate(data, context={"observed": True})``), a fabric as found may have
@@ -119,12 +125,12 @@ class Fabric(_Model):
     hosts: list[HostInventory] = Field(min_length=1)
     switches: list[Switch] = Field(default_factory=list)
     links: list[Link] = Field(default_factory=list)
-    rail_subnets: dict[int, ipaddress.IPv4Network] = Field(
+    rail_subnets: dict[RailIndex, ipaddress.IPv4Network] = Field(
         default_factory=dict,
         description="each rail's subnet; when given, every HCA address must lie inside its "
         "rail's subnet (peers use it as an on-link next hop)",
     )
-    endpoint_subnets: dict[int, ipaddress.IPv4Network] = Field(
+    endpoint_subnets: dict[RailIndex, ipaddress.IPv4Network] = Field(
         default_factory=dict,
         description="rail-major endpoint addressing: rail r's subnet holds every GPU endpoint "
         "whose home rail is r; when given, plans carry one prefix route per rail and /32 "
@@ -133,9 +139,32 @@ class Fabric(_Model):
 
     _by_name: dict[str, HostInventory] = PrivateAttr(default_factory=dict)
 
+    @field_validator("rail_subnets", "endpoint_subnets", mode="before")
+    @classmethod
+    def _no_host_bits(cls, value: object, info: ValidationInfo) -> object:
+        """Say "host bits set" where pydantic would only say "not a valid IPv4 network"."""
+        if not isinstance(value, dict):
+            return value
+        for rail, net in value.items():
+            if not isinstance(net, str):
+                continue
+            try:
+                ipaddress.IPv4Network(net.strip())
+            except ValueError:
+                try:
+                    loose = ipaddress.IPv4Network(net.strip(), strict=False)
+                except ValueError:
+                    continue  # not a network at all: pydantic's own message
+                what = "endpoint subnet" if info.field_name == "endpoint_subnets" else "subnet"
+                raise ValueError(
+                    f"rail {rail}'s {what} {net.strip()} has host bits set (the network is {loose})"
+                ) from None
+        return value
+
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> Fabric:
         observed = bool(info.context and info.context.get("observed"))
+        self._check_subnets_overlap()
         seen: dict[str, HostInventory] = {}
         for h in self.hosts:
             if h.host in seen:
@@ -158,6 +187,16 @@ class Fabric(_Model):
                 )
             if h.endpoints and not h.hcas:
                 raise ValueError(f"host {h.host}: {len(h.endpoints)} endpoints but no HCA")
+            by_netdev: dict[str, str] = {}
+            for hca in h.hcas:
+                if hca.netdev is None:
+                    continue
+                other = by_netdev.setdefault(hca.netdev, hca.key)
+                if other != hca.key:
+                    raise ValueError(
+                        f"host {h.host}: HCAs {other} and {hca.key} both have netdev "
+                        f"{hca.netdev!r} (each HCA port has its own netdev)"
+                    )
             for hca in h.hcas:
                 if hca.address is None:
                     raise ValueError(
@@ -191,10 +230,23 @@ class Fabric(_Model):
             switches.add(s.name)
         ports = {f"{h.host}:{c.key}": c for h in self.hosts for c in h.hcas}
         leaf_rail = {s.name: s.rail for s in self.switches if s.role == "leaf"}
+        cabled: dict[str, int] = {}  # host port -> the link that cables it
         for i, link in enumerate(self.links):
+            if link.a == link.b:
+                raise ValueError(
+                    f"links[{i}]: both ends are {link.a!r} (a cable joins two different ends)"
+                )
             for end in (link.a, link.b):
                 if end not in switches and end not in ports:
                     raise ValueError(f"links[{i}]: unknown end {end!r} (no such switch or port)")
+                if end in ports:
+                    j = cabled.setdefault(end, i)
+                    if j != i:
+                        raise ValueError(
+                            f"links[{i}]: HCA port {end} is already cabled by links[{j}] "
+                            f"({self.links[j].a} - {self.links[j].b}); an HCA port takes one "
+                            "cable"
+                        )
             if link.kind != "host-leaf":
                 continue
             hca = ports.get(link.a) or ports.get(link.b)
@@ -211,19 +263,27 @@ class Fabric(_Model):
         self._by_name = seen
         return self
 
-    def _check_endpoint_subnets(self) -> None:
-        nets = sorted(self.endpoint_subnets.items())
-        if not nets:
-            return
-        for i, (ra, a) in enumerate(nets):
-            for rb, b in nets[i + 1 :]:
-                if a.overlaps(b):
-                    raise ValueError(f"endpoint subnets of rails {ra} ({a}) and {rb} ({b}) overlap")
-            for rr, rn in self.rail_subnets.items():
+    def _check_subnets_overlap(self) -> None:
+        """No two rail subnets, endpoint subnets, or one of each, overlap."""
+        for what, subnets in (("rail", self.rail_subnets), ("endpoint", self.endpoint_subnets)):
+            nets = sorted(subnets.items())
+            for i, (ra, a) in enumerate(nets):
+                for rb, b in nets[i + 1 :]:
+                    if a.overlaps(b):
+                        raise ValueError(
+                            f"{what} subnets of rails {ra} ({a}) and {rb} ({b}) overlap (each "
+                            "rail needs its own)"
+                        )
+        for ra, a in sorted(self.endpoint_subnets.items()):
+            for rr, rn in sorted(self.rail_subnets.items()):
                 if a.overlaps(rn):
                     raise ValueError(
                         f"endpoint subnet of rail {ra} ({a}) overlaps rail {rr}'s subnet {rn}"
                     )
+
+    def _check_endpoint_subnets(self) -> None:
+        if not self.endpoint_subnets:
+            return
         for h in self.hosts:
             for g, (ep, rail) in enumerate(zip(h.endpoints, home_rails(h), strict=True)):
                 net = self.endpoint_subnets.get(rail)
@@ -286,6 +346,48 @@ def home_rails(inv: HostInventory) -> list[int]:
     if not rails:
         return []
     return [rails[g % len(rails)] for g in range(len(inv.endpoints))]
+
+
+def serving_problems(fabric: Fabric, *, shown: int = 3) -> list[str]:
+    """Why the topology service could not give ``fabric``'s hosts plans they can apply: one
+    sentence per problem, naming the first ``shown`` HCAs (``host:hca/port``) or hosts; an empty
+    list when there is none. Problems: an HCA without ``netdev`` (a plan's routes leave by their
+    rail's netdev; agents refuse a plan that names none) and a host without GPU ``endpoints``
+    (plans route only to endpoints: a fabric without them gives plans without routes, and
+    agents delete the routes they have). A fabric imported from ibnetdiscover has neither; a
+    valid :class:`Fabric` may lack them."""
+
+    def first(items: list[str]) -> str:
+        more = f" and {len(items) - shown} more" if len(items) > shown else ""
+        return ", ".join(items[:shown]) + more
+
+    no_netdev = [f"{h.host}:{c.key}" for h in fabric.hosts for c in h.hcas if c.netdev is None]
+    no_endpoints = [h.host for h in fabric.hosts if not h.endpoints]
+    out = []
+    if no_netdev:
+        out.append(
+            f"{len(no_netdev)} HCA port(s) without a netdev ({first(no_netdev)}): set each "
+            "HCA's netdev (the interface its rail's routes leave by, e.g. ib0 or ens3np0)"
+        )
+    if no_endpoints:
+        out.append(
+            f"{len(no_endpoints)} host(s) without GPU endpoints ({first(no_endpoints)}): set "
+            "each host's endpoints (one address per GPU, index = GPU)"
+        )
+    return out
+
+
+def check_servable(fabric: Fabric, source: str | Path) -> Fabric:
+    """``fabric`` when :func:`serving_problems` finds nothing; else raises :class:`FabricError`
+    naming ``source`` (the fabric file), the problems and how to fix them."""
+    problems = serving_problems(fabric)
+    if problems:
+        raise FabricError(
+            f"{source}: the topology service cannot serve this fabric: {'; '.join(problems)}. "
+            "A fabric imported from ibnetdiscover has neither: fill in the netdevs and "
+            "endpoints (or generate one with `linkguard fabric generate`)"
+        )
+    return fabric
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Consumes: the topology text ``ibnetdiscover`` prints (infiniband-diags, rdma-core
 ``infiniband-diags/ibnetdiscover.c``; man page ibnetdiscover(8)) or an ibsim net file
-(linux-rdma/ibsim ``ibsim/sim_net.c``), optionally a GUID map (``H-<guid> <hostname>`` per line).
+(linux-rdma/ibsim ``ibsim/sim_net.c``), optionally a GUID map (``H-<guid> <hostname>`` or
+node-name-map ``0x<guid> "<host> <device>"`` lines).
 Produces: an :class:`ImportResult`: a validated :class:`~linkguard.topology.fabric.Fabric`, the
 GUID of every switch / HCA / HCA port, and what was inferred (``notes``) or looked wrong
 (``warnings``).
@@ -657,7 +658,8 @@ def load_guid_map(path: str | Path) -> dict[str, str]:
     """Read a GUID -> host name map: one ``<guid> <name>`` per line, ``<guid>`` as ``H-<16 hex>``
     (the X5.map format of ltaulell/HPC_toolset), ``S-``/``R-<16 hex>`` or ``0x<hex>`` (the
     ibnetdiscover node-name-map format, name optionally in double quotes); ``#`` comments and
-    blank lines skipped. Returns {16-hex GUID: name}.
+    blank lines skipped. A name of several words is a node description, ``"gpu001 mlx5_1"`` as
+    a node-name-map gives it: its first word is the host. Returns {16-hex GUID: host name}.
 
     Raises :class:`FabricImportError` naming the file and line on a malformed line, an unreadable
     file, or one GUID mapped to two names.
@@ -679,7 +681,7 @@ def load_guid_map(path: str | Path) -> dict[str, str]:
         if not m:
             raise FabricImportError(str(p), no, f"not '<guid> <name>': {s[:60]!r}")
         guid = _guid16(m["g"] or m["x"])
-        name = m["n"].strip()
+        name = m["n"].split()[0]  # "<host> <device>": the host
         if out.setdefault(guid, name) != name:
             raise FabricImportError(str(p), no, f"GUID {guid} mapped to {out[guid]!r} and {name!r}")
     return out
@@ -752,7 +754,8 @@ def import_ibnetdiscover(
       in ``rail_prefix``: rail r, host h (fabric order) -> ``10.100.r.(h+1)`` for <= 254 hosts,
       larger per-rail subnets beyond. No GPU endpoints (the dump has no GPUs).
 
-    Dropped with a warning: CA-to-CA cables (no switch: the model has no such link) and CAs
+    Dropped with a warning: CA-to-CA cables (no switch: the model has no such link), cables
+    between two ports of one switch (a loopback: no link joins a switch to itself) and CAs
     with no cable to a switch. ``rate_gbps`` is lanes x :data:`LANE_GBPS` (sysfs units).
 
     Raises :class:`FabricImportError` (file, line) for what :func:`parse_ibnetdiscover` refuses,
@@ -848,13 +851,17 @@ class _Builder:
         return ImportResult(fabric, self.guids, self.notes, self.warnings)
 
     def classify(self) -> tuple[list[_Port], list[IBLink]]:
-        """Cables into CA-switch (host ports) and switch-switch; CA-CA ones are dropped."""
+        """Cables into CA-switch (host ports) and switch-switch; CA-CA and switch loopback
+        ones are dropped."""
         host_ports: list[_Port] = []
         isls: list[IBLink] = []
         ca_ca = []
+        loops = []
         for link in self.topo.links:
             sa, sb = self.is_sw[link.a], self.is_sw[link.b]
-            if sa and sb:
+            if sa and sb and link.a == link.b:
+                loops.append(f"line {link.line}")
+            elif sa and sb:
                 isls.append(link)
             elif sa:
                 host_ports.append((link.b, link.b_port, link.a, link.a_port, link))
@@ -863,6 +870,7 @@ class _Builder:
             else:
                 ca_ca.append(f"line {link.line}")
         self.warn("CA-to-CA cables dropped (no switch between them)", ca_ca)
+        self.warn("cables between two ports of one switch dropped (loopback)", loops)
         cabled = {ca for ca, *_ in host_ports}
         lonely = [n.name for n in self.nodes if n.kind == "ca" and n.index not in cabled]
         self.warn("CAs without a cable to a switch left out", lonely)
@@ -879,14 +887,13 @@ class _Builder:
                     self.renamed.append(f"{n.name!r} -> {nm}")
                 self.sw_name[n.index] = nm
         switch_names = set(self.taken)
-        origin: Counter[str] = Counter()
+        origin: defaultdict[str, set[str]] = defaultdict(set)  # how -> host names so named
         unmapped = []
         clash: dict[str, str] = {}  # host name taken by a switch -> its replacement
         for n in self.nodes:
             if n.index not in cabled:
                 continue
             raw, how = self.raw_host(n)
-            origin[how] += 1
             if self.gmap is not None and how != "from the GUID map":
                 unmapped.append(n.name)
             name = _safe_name(raw, n.name)
@@ -895,8 +902,10 @@ class _Builder:
             if name != raw:
                 self.renamed.append(f"{raw!r} -> {name}")
             self.host_name[n.index] = name
+            origin[how].add(name)
         self.warn("names changed to fit the fabric's name rules or stay unique", self.renamed)
-        self.notes.append("host names: " + ", ".join(f"{v} {k}" for k, v in sorted(origin.items())))
+        counts = (f"{len(v)} {k}" for k, v in sorted(origin.items()))
+        self.notes.append("host names: " + ", ".join(counts))
         if self.gmap is not None:
             self.warn("CAs are not in the GUID map", unmapped)
             known = {self.nodes[i].guid for i in cabled}

@@ -3,7 +3,10 @@
 Tasks: ``bus`` (subscribes to every host topic, to retained plans, to ``fabric/faults`` and
 to ``service/health``, for the faults a previous instance accepted) and ``solver`` (waits for
 a state change, batches changes for ``debounce_ms``, solves, publishes the changed plans
-retained with a new epoch). Switch-level faults (``fabric/faults``,
+retained with a new epoch) and ``auditor`` (the fleet audit, retained on ``service/audit``).
+Retained plans of hosts the fabric does not list (the fleet shrank, or a service ran on
+another fabric) are deleted from the broker after the startup settle
+(:meth:`TopologyService._clear_stale_plans`). Switch-level faults (``fabric/faults``,
 :class:`~linkguard.models.FabricFaults`) are assessed off the event loop and their health is
 kept retained on ``service/health``; a refused set is replaced on ``fabric/faults`` by the set
 in effect (:meth:`TopologyService._refuse`). Bad messages are logged with their topic and
@@ -40,7 +43,12 @@ from linkguard.models import (
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.topology.audit import audit, format_json, inventory_problems
-from linkguard.topology.fabric import Fabric, generate_rail_optimized, load_fabric
+from linkguard.topology.fabric import (
+    Fabric,
+    check_servable,
+    generate_rail_optimized,
+    load_fabric,
+)
 from linkguard.topology.health import Health
 from linkguard.topology.state import FabricState
 
@@ -66,9 +74,10 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
     """The fabric file, or the generator's fabric when ``generate`` is configured explicitly.
 
     Raises :class:`ConfigError` when neither is given (a service must never publish plans for
-    a fabric nobody described) and :class:`FabricError` for a bad file."""
+    a fabric nobody described) and :class:`FabricError` for a bad file or one that cannot give
+    applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
     if settings.fabric is not None:
-        return load_fabric(settings.fabric)
+        return check_servable(load_fabric(settings.fabric), settings.fabric)
     if settings.generate is None:
         raise ConfigError(
             "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
@@ -92,7 +101,13 @@ class TopologyService:
         self.plans_published = 0
         self.plans_per_host: Counter[str] = Counter()
         self.inventories: dict[str, HostInventory] = {}
+        #: hosts the fabric does not list whose agent says it is online (``unknown_host``)
+        self.strangers: set[str] = set()
         self.audit_json: str | None = None
+        #: retained plans of hosts the fabric does not list: host -> epoch (None: unreadable),
+        #: until :meth:`_clear_stale_plans` deletes them
+        self.stale_plans: dict[str, int | None] = {}
+        self._settled = False  # the startup settle is over (see _solver)
         #: the last accepted switch-level faults and when their health was assessed
         self.faults: FabricFaults | None = None
         self.health_at: float | None = None
@@ -189,6 +204,8 @@ class TopologyService:
         # (same epochs, so agents that applied them ignore them).
         for plan in list(self.state.plans.values()):
             await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
+        if self.audit_json is not None:
+            await self.bus.publish(topics.service_audit(), self.audit_json.encode(), retain=True)
         if self.state.health is None:  # the nominal health, until faults arrive
             nominal = FabricFaults(at=time.time())
             self.state.on_health(await asyncio.to_thread(self.state.assess_faults, nominal))
@@ -240,6 +257,12 @@ class TopologyService:
             await self._on_fabric_faults(msg)
             return
         unknown_host = parsed.host not in self.state.host_names
+        if parsed.kind == "plan" and not msg.payload:
+            return  # a deleted retained plan (this service's own clearing, coming back)
+        if unknown_host and parsed.kind == "plan":
+            if msg.retain:
+                await self._on_stale_plan(msg, parsed.host)
+            return
         if unknown_host and parsed.kind != "status":
             return  # nothing to plan for a host the fabric does not list
         try:
@@ -255,15 +278,20 @@ class TopologyService:
             return
         if unknown_host:
             # retained messages of hosts that left stay on the broker: only an agent that says
-            # it is online now is worth a warning
-            if isinstance(obj, HostStatus) and obj.online:
-                self._warn_once(
-                    "host_not_in_fabric",
-                    obj.host,
-                    host=obj.host,
-                    fabric=self.fabric.name,
-                    hint="agent host name missing from the fabric file: no plans",
-                )
+            # it is online now is worth a warning (and an unknown_host in the audit)
+            if isinstance(obj, HostStatus):
+                if obj.online:
+                    self._warn_once(
+                        "host_not_in_fabric",
+                        obj.host,
+                        host=obj.host,
+                        fabric=self.fabric.name,
+                        hint="agent host name missing from the fabric file: no plans",
+                    )
+                    self.strangers.add(obj.host)
+                else:
+                    self.strangers.discard(obj.host)
+                self._audit_kick.set()
             return
         if isinstance(obj, HostInventory):
             self._check_inventory(obj)
@@ -299,6 +327,50 @@ class TopologyService:
             )
         elif isinstance(obj, Plan) and msg.retain:
             self.state.on_retained_plan(obj)
+
+    async def _on_stale_plan(self, msg: BusMessage, host: str) -> None:
+        """A retained plan of ``host``, which the fabric does not list: an agent started with
+        that name would apply it (a plan of another fabric). Noted; deleted right away when the
+        startup settle is over, else by :meth:`_solver` when it is."""
+        epoch = None
+        with contextlib.suppress(BadMessage):
+            plan = decode(
+                Plan,
+                msg.payload,
+                topic=msg.topic,
+                expect_host=host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+            epoch = plan.epoch
+        self.stale_plans[host] = epoch
+        if self._settled:
+            await self._clear_stale_plans()
+
+    async def _clear_stale_plans(self) -> None:
+        """Delete the retained plans of hosts the fabric does not list (:attr:`stale_plans`):
+        a zero-length retained publish on ``plans/<host>``, logged as ``stale_plan_cleared``
+        (host, epoch; None for an unreadable plan). Only after the startup settle, and never
+        by a service that found another one running (it may be on another fabric: the plans
+        are that one's). A publish that fails leaves the plan retained: it comes back on the
+        next connection and is cleared then. An agent of such a host keeps its routes."""
+        if self.duplicate is not None or not self.stale_plans:
+            return
+        stale, self.stale_plans = self.stale_plans, {}
+        hosts = sorted(stale)
+        for i in range(0, len(hosts), PUBLISH_WINDOW):
+            chunk = hosts[i : i + PUBLISH_WINDOW]
+            done = await asyncio.gather(
+                *(self.bus.publish(topics.plan(h), b"", retain=True) for h in chunk)
+            )
+            for host, ok in zip(chunk, done, strict=True):
+                if ok:
+                    log.info(
+                        "stale_plan_cleared",
+                        host=host,
+                        epoch=stale[host],
+                        fabric=self.fabric.name,
+                        why="host not in the fabric",
+                    )
 
     async def _on_service_status(self, msg: BusMessage) -> None:
         try:
@@ -434,20 +506,26 @@ class TopologyService:
             )
 
     async def _auditor(self, debounce_s: float = 1.0) -> None:
-        """Keep the fleet audit of the agents' inventories (:func:`audit`: inventory
-        mismatches, hosts not online, unknown hosts) retained on ``service/audit``; recomputed
-        (off the event loop) a second after inventories or host statuses change."""
+        """Keep the fleet audit of the agents online (:func:`audit`: inventory mismatches,
+        fabric hosts without an agent online, agents of hosts the fabric does not list)
+        retained on ``service/audit``: published after the startup settle, then recomputed
+        (off the event loop) a second after inventories or host statuses change. A host
+        counts as reported only while its agent is online (an offline agent's retained
+        inventory is not compared either)."""
         await self.bus.connected.wait()
+        await self._settle()
         while True:
-            await self._audit_kick.wait()
-            await asyncio.sleep(debounce_s)
             self._audit_kick.clear()
             online = {h for h, up in self.state.online.items() if up}
+            inventories = {h: inv for h, inv in self.inventories.items() if h in online}
             findings = await asyncio.to_thread(
-                audit, self.fabric, inventories=dict(self.inventories), reported_hosts=online
+                audit,
+                self.fabric,
+                inventories=inventories,
+                reported_hosts=online | self.strangers,
             )
             doc = format_json(findings)
-            if doc != self.audit_json:
+            if doc != self.audit_json and self.duplicate is None:  # not the other's audit
                 self.audit_json = doc
                 await self.bus.publish(topics.service_audit(), doc.encode(), retain=True)
                 log.info(
@@ -455,12 +533,21 @@ class TopologyService:
                     findings=len(findings),
                     errors=sum(f.severity == "error" for f in findings),
                 )
+            await self._audit_kick.wait()
+            await asyncio.sleep(debounce_s)
+
+    async def _settle(self) -> None:
+        """Wait out what is left of ``startup_settle_s`` (retained states, plans, statuses and
+        inventories arrive meanwhile)."""
+        settle = self.settings.startup_settle_s - (time.monotonic() - self._started)
+        if settle > 0:
+            await asyncio.sleep(settle)
 
     async def _solver(self) -> None:
         await self.bus.connected.wait()
-        settle = self.settings.startup_settle_s - (time.monotonic() - self._started)
-        if settle > 0:
-            await asyncio.sleep(settle)  # let retained states and plans arrive
+        await self._settle()  # let retained states and plans arrive
+        self._settled = True
+        await self._clear_stale_plans()
         while True:
             # clear before solving: a change that arrives during the solve (it runs in a
             # thread) leaves the kick set, so it gets its own solve right after

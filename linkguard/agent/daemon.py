@@ -195,6 +195,7 @@ class Agent:
         self.duplicate: HostStatus | None = None
         self._announcer: asyncio.Task[None] | None = None
         self._announced = False  # states, events and acks wait for the presence check
+        self._cleared_logged = False  # plan_cleared said since the last plan
         self.bus = Bus(
             **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
@@ -381,6 +382,10 @@ class Agent:
             self.stats.messages_dropped["unexpected_topic"] += 1
             log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
             return
+        if not msg.payload:
+            self._on_plan_cleared()
+            return
+        self._cleared_logged = False
         try:
             plan = decode(
                 Plan,
@@ -412,6 +417,20 @@ class Agent:
         else:
             self.stats.plans_applied += 1
         await self._send_ack(ack)
+
+    def _on_plan_cleared(self) -> None:
+        """A zero-length payload on the plan topic: MQTT's deletion of the retained plan (the
+        service clears plans of hosts its fabric does not list). No plan, not a bad message:
+        the routes applied so far stay. Logged once until a plan arrives again."""
+        if not self._cleared_logged:
+            self._cleared_logged = True
+            log.warning(
+                "plan_cleared",
+                host=self.host,
+                applied_epoch=self.applier.applied_epoch,
+                action="keeping the current routes",
+                hint="is this host name in the service's fabric?",
+            )
 
     async def _send_ack(self, ack: Ack) -> None:
         self.last_ack = ack

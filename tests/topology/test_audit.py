@@ -10,11 +10,13 @@ import pytest
 
 from linkguard.models import HCAInfo, HostInventory
 from linkguard.topology.audit import (
+    SEVERITY,
     Finding,
     audit,
     format_json,
     format_table,
     inventory_problems,
+    sort_findings,
 )
 from linkguard.topology.export import to_ibnetdiscover
 from linkguard.topology.fabric import Fabric, Link
@@ -393,4 +395,77 @@ def test_fabric_file_as_observed_compares_by_name() -> None:
     observed = Fabric(name="seen", hosts=GEN.hosts, switches=GEN.switches, links=links)
     assert _brief(audit(GEN, observed=observed)) == [
         ("missing_link", "su0-leaf1 - su1-spine0", "1 cable", "0 cables")
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Several sources
+
+
+def test_a_fault_seen_by_two_sources_is_one_finding() -> None:
+    """A dump names the leaf by GUID (``S-... = su0-leaf1``) and adds width and lane speed; a
+    fabric file names it ``su0-leaf1``: the same kind, subject, expected and observed thing."""
+
+    def f(kind, subject: str, expected: str | None, observed: str | None, detail: str):
+        return Finding(kind, SEVERITY[kind], subject, expected, observed, detail)
+
+    port, leaf0 = "gpu003:mlx5_0/1", "su0-leaf0 (rail 0)"
+    extra, absent = "gpu007:mlx5_1/1", "gpu002:mlx5_0/1"
+    dump = [
+        f("wrong_rail", port, leaf0, "S-0000000000001001 = su0-leaf1 (rail 1)", "rail 1 leaf"),
+        f("wrong_rate", "gpu005:mlx5_3/1", "400 Gb/s", "4xEDR 100 Gb/s", "25%"),
+        f("unexpected_link", extra, None, "S-01 = su0-leaf2 (rail 2), 4xNDR 400 Gb/s", "extra"),
+        f("missing_link", absent, f"{leaf0}, 400 Gb/s", None, "the host reported but is absent"),
+    ]
+    fabric_file = [
+        f("wrong_rail", port, leaf0, "su0-leaf1 (rail 1)", "rail 1 leaf"),
+        f("wrong_rate", "gpu005:mlx5_3/1", "400 Gb/s", "100 Gb/s", "25%"),
+        f("unexpected_link", extra, None, "su0-leaf2 (rail 2), 400 Gb/s", "extra"),
+        f("missing_link", absent, f"{leaf0}, 400 Gb/s", None, "no cable on this port"),
+        # not the same: another leaf, another rate
+        f("wrong_rail", port, leaf0, "su0-leaf3 (rail 3)", "rail 3 leaf"),
+        f("wrong_rate", "gpu005:mlx5_3/1", "400 Gb/s", "200 Gb/s", "50%"),
+    ]
+    combined = sort_findings([*dump, *fabric_file])
+    # the first of each (the dump's: both names, width and speed) is kept
+    assert combined == sort_findings([*dump, *fabric_file[4:]])
+    assert len(combined) == 6
+    assert sort_findings([*dump, *dump]) == sort_findings(dump)
+
+
+def test_cli_audit_of_a_dump_and_a_fabric_file_reports_each_fault_once(
+    tmp_path: Path, capsys
+) -> None:
+    """The README's example, audited with its dump and its fabric file together."""
+    import yaml
+
+    from linkguard.cli import main
+
+    gen = ["--hosts", "16", "--rails", "4", "--hosts-per-su", "8"]
+    observed = tmp_path / "observed.yaml"
+    assert main(["fabric", "generate", *gen, "-o", str(observed)]) == 0
+    doc = yaml.safe_load(observed.read_text())
+    swap = {"gpu003:mlx5_0/1": "su0-leaf1", "gpu003:mlx5_1/1": "su0-leaf0"}
+    for link in doc["links"]:
+        link["b"] = swap.get(link["a"], link["b"])
+        if link["a"] == "gpu005:mlx5_3/1":
+            link["rate_gbps"] = 100
+    doc["links"] = [x for x in doc["links"] if not x["a"].startswith("gpu009:")]
+    doc["hosts"] = [h for h in doc["hosts"] if h["host"] != "gpu009"]
+    observed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    dump = tmp_path / "ib.topo"
+    assert main(["fabric", "export", "--fabric", str(observed), "-o", str(dump)]) == 0
+    argv = ["fabric", "audit", "--expected-generate", *gen, "--ibnetdiscover", str(dump)]
+    assert main([*argv, "--format", "json"]) == 1
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--fabric", str(observed), "--format", "json"]) == 1
+    both = json.loads(capsys.readouterr().out)
+    brief = [{k: v for k, v in f.items() if k != "detail"} for f in both["findings"]]
+    assert brief == [{k: v for k, v in f.items() if k != "detail"} for f in alone["findings"]]
+    assert (both["errors"], both["warnings"], both["counts"]) == (4, 0, alone["counts"])
+    assert [(f["kind"], f["subject"], f["observed"]) for f in both["findings"]] == [
+        ("wrong_rate", "gpu005:mlx5_3/1", "4xEDR 100 Gb/s"),
+        ("wrong_rail", "gpu003:mlx5_0/1", "S-0000000000001001 = su0-leaf1 (rail 1)"),
+        ("wrong_rail", "gpu003:mlx5_1/1", "S-0000000000001000 = su0-leaf0 (rail 0)"),
+        ("missing_host", "gpu009", None),
     ]

@@ -235,3 +235,116 @@ def test_endpoint_subnets_are_checked(tmp_path, change, expect) -> None:
     # the same refusal when the model is built in code
     with pytest.raises(ValidationError, match=expect):
         Fabric.model_validate(doc)
+
+
+# --------------------------------------------------------------------------------------------
+# Files that validated but gave bad plans: refused now
+
+
+def _set_netdev(d: dict) -> None:
+    d["hosts"][0]["hcas"][1]["netdev"] = "rail0"
+
+
+def _cable_twice(d: dict) -> None:
+    d["links"].append({**d["links"][0], "b": "su0-leaf1"})
+
+
+def _self_loop(d: dict) -> None:
+    d["links"].append({"a": "su0-spine0", "b": "su0-spine0", "kind": "spine-spine"})
+
+
+def _set_subnet(key: str, net: str, field: str = "rail_subnets"):
+    return lambda d: d[field].__setitem__(key, net)
+
+
+def _one_subnet_for_all(d: dict) -> None:
+    d["rail_subnets"] = {"0": "10.100.0.0/16", "1": "10.100.0.0/16"}
+
+
+PLAN_BREAKERS = {
+    "shared-netdev": (
+        _set_netdev,
+        r"host gpu000: HCAs mlx5_0/1 and mlx5_1/1 both have netdev 'rail0'",
+    ),
+    "hca-port-cabled-twice": (
+        _cable_twice,
+        r"links\[\d+\]: HCA port gpu000:mlx5_0/1 is already cabled by links\[0\] "
+        r"\(gpu000:mlx5_0/1 - su0-leaf0\); an HCA port takes one cable",
+    ),
+    "self-loop": (_self_loop, r"links\[\d+\]: both ends are 'su0-spine0'"),
+    "rail-below-0": (
+        _set_subnet("-1", "10.100.9.0/24"),
+        r"rail_subnets\.-1\.\[key\]: Input should be greater than or equal to 0",
+    ),
+    "rail-above-63": (
+        _set_subnet("64", "10.100.9.0/24", "endpoint_subnets"),
+        r"endpoint_subnets\.64\.\[key\]: Input should be less than or equal to 63",
+    ),
+    "overlapping-rail-subnets": (
+        _one_subnet_for_all,
+        r"rail subnets of rails 0 \(10.100.0.0/16\) and 1 \(10.100.0.0/16\) overlap",
+    ),
+    "host-bits-set": (
+        _set_subnet("1", "10.100.1.5/24"),
+        r"rail_subnets: rail 1's subnet 10.100.1.5/24 has host bits set \(the network is "
+        r"10.100.1.0/24\)",
+    ),
+    "endpoint-host-bits-set": (
+        _set_subnet("0", "10.200.0.9/24", "endpoint_subnets"),
+        r"rail 0's endpoint subnet 10.200.0.9/24 has host bits set",
+    ),
+}
+
+
+@pytest.mark.parametrize(("change", "expect"), PLAN_BREAKERS.values(), ids=PLAN_BREAKERS.keys())
+def test_fabrics_that_give_bad_plans_are_refused(tmp_path, change, expect) -> None:
+    doc = _doc(hosts=2, rails=2)
+    change(doc)
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for observed in (False, True):  # none of these is a cabling fault an audit reports
+        with pytest.raises(FabricError, match=expect) as info:
+            load_fabric(path, observed=observed)
+        assert str(path) in str(info.value)
+
+
+def test_distinct_netdevs_and_subnets_still_load(tmp_path) -> None:
+    doc = _doc(hosts=2, rails=2)
+    assert [c["netdev"] for c in doc["hosts"][0]["hcas"]] == ["rail0", "rail1"]
+    # netdevs may repeat across hosts, and may be left out (an imported fabric has none)
+    for c in doc["hosts"][1]["hcas"]:
+        del c["netdev"]
+    doc["rail_subnets"]["1"] = "10.100.1.0/255.255.255.0"  # a netmask is fine without host bits
+    f = Fabric.model_validate(doc)
+    assert f.rail_subnets[1] == ipaddress.IPv4Network("10.100.1.0/24")
+    assert [c.netdev for c in f.host("gpu001").hcas] == [None, None]
+
+
+def test_serving_problems_name_the_first_hcas_and_hosts(tmp_path) -> None:
+    from linkguard.topology.fabric import check_servable, serving_problems
+
+    generated = generate_rail_optimized(hosts=4, rails=2)
+    assert serving_problems(generated) == []
+    assert check_servable(generated, "gen.yaml") is generated
+    doc = _doc(hosts=4, rails=2)
+    for h in doc["hosts"]:
+        for c in h["hcas"]:
+            del c["netdev"]
+        h["endpoints"], h["gpu_numa"] = [], []
+    del doc["endpoint_subnets"]
+    bare = Fabric.model_validate(doc)  # a valid fabric: the importer makes such ones
+    assert serving_problems(bare) == [
+        "8 HCA port(s) without a netdev (gpu000:mlx5_0/1, gpu000:mlx5_1/1, gpu001:mlx5_0/1 and "
+        "5 more): set each HCA's netdev (the interface its rail's routes leave by, e.g. ib0 or "
+        "ens3np0)",
+        "4 host(s) without GPU endpoints (gpu000, gpu001, gpu002 and 1 more): set each host's "
+        "endpoints (one address per GPU, index = GPU)",
+    ]
+    with pytest.raises(FabricError) as info:
+        check_servable(bare, "imported.yaml")
+    assert str(info.value) == (
+        "imported.yaml: the topology service cannot serve this fabric: "
+        + "; ".join(serving_problems(bare))
+        + ". A fabric imported from ibnetdiscover has neither: fill in the netdevs and endpoints "
+        "(or generate one with `linkguard fabric generate`)"
+    )

@@ -95,6 +95,20 @@ def test_generator_multi_su_and_larger_layout() -> None:
     assert f.host("gpu000").gpu_numa == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("hosts", [1, 300, 2048])
+def test_generated_fabrics_pass_the_stricter_checks_and_can_be_served(hosts: int) -> None:
+    """Distinct netdevs per host, one cable per HCA port, no self-loop, disjoint subnets (all
+    checked by Fabric), and a netdev and endpoints everywhere: the service serves it."""
+    from linkguard.topology.fabric import serving_problems
+
+    f = generate_rail_optimized(hosts=hosts, rails=8)
+    assert serving_problems(f) == []
+    assert [c.netdev for c in f.hosts[-1].hcas] == [f"rail{r}" for r in range(8)]
+    nets = [*f.rail_subnets.values(), *f.endpoint_subnets.values()]
+    assert not any(a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1 :])
+    assert len(nets) == 16
+
+
 def test_generator_refuses_too_small_prefix() -> None:
     with pytest.raises(ValueError, match="too small"):
         generate_rail_optimized(hosts=300, rail_prefix="10.100.0.0/21")

@@ -309,7 +309,7 @@ def test_hosts_with_several_hcas_from_descriptions() -> None:
     ]
     assert r.guids["gpu002:mlx5_1"] == "000000000000b100"
     assert r.guids["gpu002:mlx5_1/1"] == "000000000000b101"
-    assert "4 from descriptions" in " ".join(r.notes)
+    assert "host names: 2 from descriptions" in r.notes  # 2 hosts (of 4 CAs)
     assert r.warnings == []
 
 
@@ -322,6 +322,44 @@ def test_host_of_and_guid_map_override(tmp_path) -> None:
     assert r.fabric.host_names == ["alpha", "gpu002"]
     assert [c.hca for c in r.fabric.host("alpha").hcas] == ["mlx5_0", "mlx5_1"]
     assert "2 CAs are not in the GUID map" in " ".join(r.warnings)
+    assert "host names: 1 from descriptions, 1 from the GUID map" in r.notes
+
+
+def test_guid_map_in_node_name_map_style(tmp_path) -> None:
+    """A node-name-map names each CA by its description, "<host> <device>": the host is the
+    first word (not a host "gpu001-mlx5_1"); both map styles mix in one file."""
+    m = tmp_path / "node-name-map"
+    m.write_text(
+        "H-000000000000a000 alpha\n"
+        '0x000000000000a100 "alpha mlx5_1"\n'
+        '0xb000 "beta mlx5_0"\n'
+        "0x000000000000b100  beta   mlx5_1\n"
+    )
+    assert load_guid_map(m) == {
+        "000000000000a000": "alpha",
+        "000000000000a100": "alpha",
+        "000000000000b000": "beta",
+        "000000000000b100": "beta",
+    }
+    r = import_ibnetdiscover(RAILS, guid_map=m)
+    assert r.fabric.host_names == ["alpha", "beta"]
+    assert [c.hca for c in r.fabric.host("beta").hcas] == ["mlx5_0", "mlx5_1"]
+    assert "host names: 2 from the GUID map" in r.notes
+    assert r.warnings == []
+
+
+def test_switch_loopback_cable_is_dropped_with_a_warning() -> None:
+    spine = '[3]\t"S-0000000000002000"[7]\t\t# "leaf B" lid 2 4xNDR\n'
+    loop = (
+        '[5]\t"S-0000000000003000"[6]\t\t# "spine" lid 3 4xNDR\n'
+        '[6]\t"S-0000000000003000"[5]\t\t# "spine" lid 3 4xNDR\n'
+    )
+    text = RAILS.replace(spine, spine + loop)
+    assert text != RAILS
+    r = import_ibnetdiscover(text)
+    assert r.warnings == ["1 cables between two ports of one switch dropped (loopback): line 18"]
+    assert len(r.fabric.links) == len(import_ibnetdiscover(RAILS).fabric.links) == 7
+    assert all(link.a != link.b for link in r.fabric.links)
 
 
 @pytest.mark.parametrize(
