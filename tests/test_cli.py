@@ -16,6 +16,7 @@ from linkguard.cli import main
 from linkguard.config import AgentSettings, ConfigError, load_settings
 from linkguard.quickstart import run_quickstart
 from linkguard.topology.fabric import load_fabric
+from tests.readme_audit import write_observed
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -455,17 +456,7 @@ error     missing_host  gpu009           4 HCA ports         -                  
 def test_readme_audit_example_with_shipped_commands(tmp_path: Path, capsys) -> None:
     """generate -> edit the copy as the README says -> export --format ibnetdiscover -> audit,
     and the same edited copy audited directly as an observed fabric file."""
-    observed = tmp_path / "observed.yaml"
-    assert main(["fabric", "generate", *AUDIT_GEN[1:], "-o", str(observed)]) == 0
-    doc = yaml.safe_load(observed.read_text())
-    swap = {"gpu003:mlx5_0/1": "su0-leaf1", "gpu003:mlx5_1/1": "su0-leaf0"}
-    for link in doc["links"]:
-        link["b"] = swap.get(link["a"], link["b"])
-        if link["a"] == "gpu005:mlx5_3/1":
-            link["rate_gbps"] = 100
-    doc["links"] = [x for x in doc["links"] if not x["a"].startswith("gpu009:")]
-    doc["hosts"] = [h for h in doc["hosts"] if h["host"] != "gpu009"]
-    observed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    observed = write_observed(tmp_path)
     # an expected fabric (show, the service) must not have an HCA on another rail's leaf
     assert main(["fabric", "show", "--fabric", str(observed)]) == 2
     assert "Only an observed fabric may be" in capsys.readouterr().err

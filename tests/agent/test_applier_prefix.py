@@ -11,29 +11,13 @@ from linkguard.agent.applier import Applier, kernel_routes
 from linkguard.agent.plans import effective
 from linkguard.drivers.routes import KernelRoute
 from linkguard.drivers.simulated import MemoryRouteTable
-from linkguard.models import Backup, Plan, PrefixRoute, RouteAssignment
+from linkguard.models import Backup, Plan, PrefixRoute
+from tests.agent.plan_parts import prefix_route as _pr
+from tests.agent.plan_parts import route as _route
 
 HOST = "a"
 NET = ipaddress.IPv4Network
 ADDR = ipaddress.IPv4Address
-
-
-def _pr(prefix: str, home: int, *rails: int) -> PrefixRoute:
-    return PrefixRoute(
-        prefix=prefix, home_rail=home, rails=list(rails), netdevs=[f"rail{r}" for r in rails]
-    )
-
-
-def _route(dest: str, rail: int, home: int) -> RouteAssignment:
-    return RouteAssignment(
-        destination=dest,
-        peer="b",
-        peer_gpu=0,
-        rail=rail,
-        home_rail=home,
-        netdev=f"rail{rail}",
-        gateway=f"10.100.{rail}.2",
-    )
 
 
 def _plan(epoch: int, **fields) -> Plan:

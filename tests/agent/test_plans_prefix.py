@@ -9,29 +9,13 @@ import ipaddress
 import pytest
 
 from linkguard.agent.plans import PlanRefused, check_plan, effective
-from linkguard.models import Backup, Plan, PrefixRoute, RouteAssignment
+from linkguard.models import Backup, Plan, PrefixRoute
+from tests.agent.plan_parts import prefix_route as _pr
+from tests.agent.plan_parts import route as _route
 
 EP = [ipaddress.IPv4Network("10.200.0.0/16")]
 NETDEVS = {"rail0", "rail1", "rail2"}
 A = ipaddress.IPv4Address
-
-
-def _pr(prefix: str, home: int, *rails: int) -> PrefixRoute:
-    return PrefixRoute(
-        prefix=prefix, home_rail=home, rails=list(rails), netdevs=[f"rail{r}" for r in rails]
-    )
-
-
-def _route(dest: str, rail: int, home: int) -> RouteAssignment:
-    return RouteAssignment(
-        destination=dest,
-        peer="b",
-        peer_gpu=0,
-        rail=rail,
-        home_rail=home,
-        netdev=f"rail{rail}",
-        gateway=f"10.100.{rail}.2",
-    )
 
 
 # Peer b's rail 1 is down: its rail-1 endpoint 10.200.1.5 is reached over rail 0 (a /32

@@ -54,17 +54,21 @@ def lab_fabric(lab: Lab, *, hca: Callable[[int], str] = lambda r: f"mlx5_{r}") -
     return Fabric(name=f"lab-{lab.prefix}", hosts=hosts, endpoint_subnets=lab.endpoint_subnets)
 
 
-def kernel_table(netns: str, table: int = TABLE) -> dict[str, tuple]:
-    """destination -> (type, gateway, devs) of one table, as ``ip -j route`` shows it; devs is
-    a sorted tuple (several for a multipath route)."""
+def _table_json(netns: str, table: int) -> list[dict[str, Any]]:
     out = subprocess.run(
         ["ip", "-n", netns, "-j", "route", "show", "table", str(table)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+    return json.loads(out or "[]")
+
+
+def kernel_table(netns: str, table: int = TABLE) -> dict[str, tuple]:
+    """destination -> (type, gateway, devs) of one table, as ``ip -j route`` shows it; devs is
+    a sorted tuple (several for a multipath route)."""
     res = {}
-    for r in json.loads(out or "[]"):
+    for r in _table_json(netns, table):
         devs = [r["dev"]] if "dev" in r else [n["dev"] for n in r.get("nexthops", [])]
         res[r["dst"]] = (r.get("type", "unicast"), r.get("gateway"), tuple(sorted(devs)))
     return res
@@ -72,13 +76,7 @@ def kernel_table(netns: str, table: int = TABLE) -> dict[str, tuple]:
 
 def kernel_routes(netns: str, table: int = TABLE) -> dict[str, tuple[str | None, str | None]]:
     """destination -> (gateway, dev) of one table, as ``ip -j route`` shows it."""
-    out = subprocess.run(
-        ["ip", "-n", netns, "-j", "route", "show", "table", str(table)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {r["dst"]: (r.get("gateway"), r.get("dev")) for r in json.loads(out or "[]")}
+    return {r["dst"]: (r.get("gateway"), r.get("dev")) for r in _table_json(netns, table)}
 
 
 @dataclass
@@ -286,6 +284,36 @@ def start_flow(
         [sys.executable, str(UDPFLOW), "send", str(src), str(dst), str(port), str(interval_ms)],
     )
     return Flow(recv=recv, send=send, out=out)
+
+
+async def start_all(procs: Procs, obs: Observer, cfgs: dict, names: list[str]) -> int:
+    """Start the service and one agent per host from ``cfgs`` (see :func:`write_configs`), wait
+    until every host acked its first plan; the highest epoch among those plans."""
+    procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
+    for n in names:
+        procs.start(n, ["agent", "-c", str(cfgs[n])])
+    await until(
+        lambda: all(obs.latest_plan(n) and obs.acked(n, obs.latest_plan(n).epoch) for n in names),
+        30,
+        "initial plans acked",
+        procs,
+    )
+    return max(obs.latest_plan(n).epoch for n in names)
+
+
+async def outages_after_reroute(
+    flows: list[Flow], t_down: float, t_last_ack: float, procs: Procs
+) -> list[tuple[float, int]]:
+    """Wait until every flow delivered again after the last ack; per flow (longest silence in
+    ms, datagrams lost) from half a second before the fault until now."""
+    await until(
+        lambda: all(f.received_after(t_last_ack) > 5 for f in flows),
+        10,
+        "UDP flows to resume after the reroute",
+        procs,
+    )
+    now = time.monotonic()
+    return [f.outage(t_down - 0.5, now) for f in flows]
 
 
 def observer_bus(port: int, observer: Observer) -> Bus:

@@ -25,6 +25,8 @@ from tests.e2e.harness import (
     kernel_routes,
     lab_fabric,
     observer_bus,
+    outages_after_reroute,
+    start_all,
     start_flow,
     until,
     write_configs,
@@ -82,20 +84,7 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
         try:
             async with observer_bus(mosquitto.port, obs) as bus:
                 await bus.wait_connected(10)
-                procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
-                for n in names:
-                    procs.start(n, ["agent", "-c", str(cfgs[n])])
-
-                # -- all up: every host applied a plan routing on home rails -----------------
-                await until(
-                    lambda: all(
-                        obs.latest_plan(n) and obs.acked(n, obs.latest_plan(n).epoch) for n in names
-                    ),
-                    30,
-                    "initial plans acked",
-                    procs,
-                )
-                epoch0 = max(obs.latest_plan(n).epoch for n in names)
+                epoch0 = await start_all(procs, obs, cfgs, names)
                 for n, lh in zip(names[1:], lab.hosts[1:], strict=True):
                     assert kernel_routes(lh.netns)[ep0] == ("10.100.0.1", "rail0"), n
                 assert kernel_routes(lab.hosts[0].netns)["10.200.1.1"] == ("10.100.0.2", "rail0")
@@ -139,19 +128,8 @@ async def test_link_down_reroutes_every_host_and_returns_after_hold_down(
                 assert '"gpu": 0' in rail_map and '"nccl_ib_hca": "=mlx5_1:1"' in rail_map
 
                 t_flow = time.monotonic()
-                await until(
-                    lambda: (
-                        inbound.received_after(t_last_ack) > 5
-                        and outbound.received_after(t_last_ack) > 5
-                    ),
-                    10,
-                    "UDP flows to resume after the reroute",
-                    procs,
-                )
-                window = (t_down - 0.5, time.monotonic())
-                (gap_in, lost_in), (gap_out, lost_out) = (
-                    inbound.outage(*window),
-                    outbound.outage(*window),
+                (gap_in, lost_in), (gap_out, lost_out) = await outages_after_reroute(
+                    [inbound, outbound], t_down, t_last_ack, procs
                 )
                 fast = [a for _, a in obs.acks[victim] if a.fast_path]
                 print(

@@ -24,6 +24,8 @@ from tests.e2e.harness import (
     kernel_table,
     lab_fabric,
     observer_bus,
+    outages_after_reroute,
+    start_all,
     start_flow,
     until,
     write_configs,
@@ -58,18 +60,7 @@ async def test_prefix_plans_reroute_on_the_kernel(mosquitto, tmp_path: Path) -> 
         try:
             async with observer_bus(mosquitto.port, obs) as bus:
                 await bus.wait_connected(10)
-                procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
-                for n in names:
-                    procs.start(n, ["agent", "-c", str(cfgs[n])])
-                await until(
-                    lambda: all(
-                        obs.latest_plan(n) and obs.acked(n, obs.latest_plan(n).epoch) for n in names
-                    ),
-                    30,
-                    "initial plans acked",
-                    procs,
-                )
-                epoch0 = max(obs.latest_plan(n).epoch for n in names)
+                epoch0 = await start_all(procs, obs, cfgs, names)
                 initial = _all_up(lab)
                 for lh in lab.hosts:
                     assert kernel_table(lh.netns) == initial, lh.name
@@ -107,19 +98,8 @@ async def test_prefix_plans_reroute_on_the_kernel(mosquitto, tmp_path: Path) -> 
                     assert rail in (1, 2) and gw == f"10.100.{rail}.1", (lh.name, extra)
                     assert {d: v for d, v in table.items() if d in initial} == initial
 
-                await until(
-                    lambda: (
-                        inbound.received_after(t_last_ack) > 5
-                        and outbound.received_after(t_last_ack) > 5
-                    ),
-                    10,
-                    "UDP flows to resume after the reroute",
-                    procs,
-                )
-                window = (t_down - 0.5, time.monotonic())
-                (gap_in, lost_in), (gap_out, lost_out) = (
-                    inbound.outage(*window),
-                    outbound.outage(*window),
+                (gap_in, lost_in), (gap_out, lost_out) = await outages_after_reroute(
+                    [inbound, outbound], t_down, t_last_ack, procs
                 )
                 print(
                     f"\n[prefix] link down -> last ack {(t_last_ack - t_down) * 1000:.1f} ms; "

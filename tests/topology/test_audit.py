@@ -23,6 +23,8 @@ from linkguard.topology.fabric import Fabric, Link
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.ibnetdiscover import import_ibnetdiscover
 from tests.conftest import FIXTURES
+from tests.readme_audit import GEN as README_GEN
+from tests.readme_audit import write_observed
 
 X5 = FIXTURES / "ltaulell-HPC_toolset"
 
@@ -437,25 +439,12 @@ def test_cli_audit_of_a_dump_and_a_fabric_file_reports_each_fault_once(
     tmp_path: Path, capsys
 ) -> None:
     """The README's example, audited with its dump and its fabric file together."""
-    import yaml
-
     from linkguard.cli import main
 
-    gen = ["--hosts", "16", "--rails", "4", "--hosts-per-su", "8"]
-    observed = tmp_path / "observed.yaml"
-    assert main(["fabric", "generate", *gen, "-o", str(observed)]) == 0
-    doc = yaml.safe_load(observed.read_text())
-    swap = {"gpu003:mlx5_0/1": "su0-leaf1", "gpu003:mlx5_1/1": "su0-leaf0"}
-    for link in doc["links"]:
-        link["b"] = swap.get(link["a"], link["b"])
-        if link["a"] == "gpu005:mlx5_3/1":
-            link["rate_gbps"] = 100
-    doc["links"] = [x for x in doc["links"] if not x["a"].startswith("gpu009:")]
-    doc["hosts"] = [h for h in doc["hosts"] if h["host"] != "gpu009"]
-    observed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    observed = write_observed(tmp_path)
     dump = tmp_path / "ib.topo"
     assert main(["fabric", "export", "--fabric", str(observed), "-o", str(dump)]) == 0
-    argv = ["fabric", "audit", "--expected-generate", *gen, "--ibnetdiscover", str(dump)]
+    argv = ["fabric", "audit", "--expected-generate", *README_GEN, "--ibnetdiscover", str(dump)]
     assert main([*argv, "--format", "json"]) == 1
     alone = json.loads(capsys.readouterr().out)
     assert main([*argv, "--fabric", str(observed), "--format", "json"]) == 1
