@@ -9,6 +9,7 @@
   linkguard fabric audit           compare the expected fabric with a dump / an observed fabric
   linkguard fabric faults          publish the switch-level faults (retained) to the service
   linkguard broker                 an embedded MQTT broker on 127.0.0.1
+  linkguard sim check              validate scenario files (fabric, fault timeline, expectations)
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
 faults``: broker unreachable), 2 bad usage or configuration.
@@ -556,6 +557,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--bind", default="127.0.0.1", help="address to listen on")
     b.add_argument("--port", type=_positive(int, lo=1, hi=65535), default=1883)
     b.add_argument("--log-format", choices=["json", "console"], default="console")
+
+    sim = sub.add_parser("sim", help="fault-injection simulations driven by scenario files")
+    simsub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    sc = simsub.add_parser(
+        "check",
+        help="validate scenario files and summarize them",
+        description="Validate scenario files (schema linkguard.scenario/v1: a fabric, a "
+        "timeline of faults, expectations) against their fabric, and print for each: the "
+        "fabric's size, the duration, the events the timeline expands to per kind, and the "
+        "first events. The shipped scenarios are in simulations/scenarios/.",
+        epilog="Exit codes: 0 every file is valid, 2 at least one is not (each error names "
+        "the file and the timeline entry).",
+    )
+    sc.add_argument("files", nargs="+", type=Path, metavar="FILE", help="scenario file (YAML)")
+    sc.add_argument(
+        "--events",
+        type=_positive(int, lo=0, hi=1_000_000),
+        default=5,
+        metavar="N",
+        help="list the first N events of each (default 5, 0: none)",
+    )
     return parser
 
 
@@ -609,6 +631,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "broker":
         return _broker(args)
+
+    if args.command == "sim":
+        return _sim_check(args)
 
     from linkguard.presence import DuplicateInstanceError
 
@@ -854,6 +879,22 @@ async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) 
     ) as client:
         await client.wait_connected(max(deadline - loop.time(), 0.01))
         return await client.publish(topic, payload, retain=True)
+
+
+def _sim_check(args: argparse.Namespace) -> int:
+    """``sim check``: a summary per valid file on stdout, an error per invalid one on stderr;
+    0 when all are valid, else 2."""
+    from linkguard.simulations.scenario import ScenarioError, expand, load_scenario, summary_text
+
+    code = 0
+    for path in args.files:
+        try:
+            loaded = load_scenario(path)
+        except ScenarioError as exc:
+            code = _fail(str(exc), 2)
+            continue
+        sys.stdout.write(summary_text(loaded, expand(loaded), first=args.events))
+    return code
 
 
 def _broker(args: argparse.Namespace) -> int:
