@@ -1,0 +1,421 @@
+"""Deterministic replay of a scenario through the real decision code, on a simulated clock.
+
+Consumes: a :class:`~linkguard.simulations.scenario.LoadedScenario`. Produces: a
+:class:`RunReport` (events, solves, plans per host, reroute times, oracle mismatches and which
+of the scenario's ``expect`` held).
+
+What runs is the real code, without bus or threads: one
+:class:`~linkguard.agent.monitor.PortMonitor` per host (the scenario's damping policy) takes
+the port events as observations, and is ticked at its own ``next_deadline`` (hold-down ends,
+reuse, history reset), as the agent's ``watch`` and ``timer`` tasks drive it; the states it
+publishes go into a real :class:`~linkguard.topology.state.FabricState`, as do switch and cable
+faults (the whole set, as ``fabric/faults`` carries it). Like the service's solver loop, the
+first state change that alters which rails are usable starts the debounce window
+(``debounce_ms``, default the service's), and one solve at its end takes every change that
+arrived meanwhile. A solve takes no simulated time and its plans count as applied at once,
+so a down transition's time to reroute is the debounce. Time 0: every port reads ACTIVE and
+the service makes its full build.
+
+After every solve (a *settle*) the oracle (:mod:`linkguard.simulations.oracle`) compares the
+plans with the truth: ports the scenario has down, rails lost to switch faults
+(:mod:`linkguard.topology.health`) and ports their agent still holds down or suppresses.
+
+Not modelled yet: broker outages, service and agent restarts (their events are skipped and
+listed in ``RunReport.skipped``), the agents' fast path, ack latency and solve time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
+from linkguard.config import ServiceSettings
+from linkguard.drivers.base import PortObservation
+from linkguard.models import CableRef, FabricFaults, PhysState, PortStateName, PortStatus
+from linkguard.simulations.oracle import check, pairs_to_check
+from linkguard.simulations.scenario import Event, LoadedScenario, expand
+from linkguard.topology.health import SwitchModel
+from linkguard.topology.state import FabricState
+
+__all__ = ["MAX_MISMATCHES", "MODELLED", "ExpectResult", "FaultTiming", "RunReport", "run"]
+
+#: Event kinds the engine replays; the others are skipped with a note.
+MODELLED = frozenset(
+    {"port_down", "port_up", "switch_down", "switch_up", "cables_down", "cables_up"}
+)
+
+#: Mismatches kept verbatim in a report (all are counted).
+MAX_MISMATCHES = 20
+
+#: Wall-clock time of simulated time 0 (Unix s), for ``observed_at`` and plans' ``issued_at``.
+WALL0 = 1_700_000_000.0
+
+_HELD = (PortStatus.HELD_DOWN, PortStatus.SUPPRESSED)
+
+#: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
+Transition = tuple[int, float]
+
+
+@dataclass(frozen=True)
+class FaultTiming:
+    """One down transition of one timeline entry. ``reroute_ms``: simulated ms from the
+    transition to the solve that moved traffic off it; None when no reroute was needed (the
+    plans already avoided it: a port still held down, a spine whose leaves keep other uplinks)."""
+
+    entry: int
+    kind: str
+    at_s: float
+    reroute_ms: float | None
+
+
+@dataclass(frozen=True)
+class ExpectResult:
+    """One scenario expectation: its limit, what the run observed, whether it held and why."""
+
+    name: str
+    limit: object
+    observed: object
+    held: bool
+    detail: str
+
+
+@dataclass
+class RunReport:
+    """What a replay did and whether the scenario's expectations held. Times in simulated s
+    (``at_s``) or ms (``*_ms``). ``solves``, ``reroutes`` and ``plans_per_host`` leave out the
+    full build at time 0. ``readmissions``: ports back in use after their hold-down or
+    suppression, ``{host, rail, at_s}``. ``skipped``: events not modelled, one note each.
+    ``passed``: no oracle mismatch and every expectation held. :meth:`to_dict` is JSON-able."""
+
+    scenario: str
+    path: str
+    duration_s: float
+    debounce_ms: float
+    events: int = 0
+    skipped: list[str] = field(default_factory=list)
+    solves: int = 0
+    reroutes: int = 0
+    plans_per_host: dict[str, int] = field(default_factory=dict)
+    settles: int = 0
+    mismatch_count: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    faults: list[FaultTiming] = field(default_factory=list)
+    readmissions: list[dict[str, object]] = field(default_factory=list)
+    max_plans_per_host_per_event: int = 0
+    expectations: list[ExpectResult] = field(default_factory=list)
+    passed: bool = False
+
+    @property
+    def plans_total(self) -> int:
+        return sum(self.plans_per_host.values())
+
+    @property
+    def plans_max_per_host(self) -> int:
+        return max(self.plans_per_host.values(), default=0)
+
+    @property
+    def failures(self) -> list[str]:
+        """Why the run did not pass, one sentence each (empty when it passed)."""
+        out = [f"{e.name}: {e.detail}" for e in self.expectations if not e.held]
+        if self.mismatch_count:
+            out.insert(
+                0, f"oracle: {self.mismatch_count} mismatch(es), first: {self.mismatches[0]}"
+            )
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["plans_total"] = self.plans_total
+        d["plans_max_per_host"] = self.plans_max_per_host
+        d["failures"] = self.failures
+        return d
+
+    def text(self) -> str:
+        """A short human-readable report (a few lines)."""
+        timed = [f.reroute_ms for f in self.faults if f.reroute_ms is not None]
+        lines = [
+            f"{self.scenario}: {'PASSED' if self.passed else 'FAILED'}",
+            f"  {self.events} events in {self.duration_s:g} s simulated, debounce "
+            f"{self.debounce_ms:g} ms; {self.solves} solves, {self.reroutes} reroutes",
+            f"  plans: {self.plans_total} published, at most {self.plans_max_per_host} per host, "
+            f"{self.max_plans_per_host_per_event} per host per event",
+            f"  down transitions: {len(self.faults)}, rerouted {len(timed)}"
+            + (f" (max {max(timed):g} ms)" if timed else ""),
+        ]
+        lines += [
+            f"  re-admitted {r['host']} rail {r['rail']} at {r['at_s']:g} s"
+            for r in self.readmissions
+        ]
+        lines.append(f"  oracle: {self.settles} settles, {self.mismatch_count} mismatches")
+        lines += [f"    {m}" for m in self.mismatches[:5]]
+        for e in self.expectations:
+            lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")
+        if self.skipped:
+            lines.append(f"  not modelled, skipped: {len(self.skipped)} events")
+            lines += [f"    {s}" for s in self.skipped[:5]]
+        return "\n".join(lines) + "\n"
+
+
+class _Run:
+    """The state of one replay; :func:`run` drives it."""
+
+    def __init__(self, loaded: LoadedScenario) -> None:
+        sc, fabric = loaded.scenario, loaded.fabric
+        self.loaded = loaded
+        self.fabric = fabric
+        self.policy = sc.damping or DampingPolicy()
+        self.debounce_s = (
+            sc.debounce_ms
+            if sc.debounce_ms is not None
+            else ServiceSettings.model_fields["debounce_ms"].default
+        ) / 1000
+        self.state = FabricState(fabric=fabric, epoch_start=1)
+        self.switch_model = SwitchModel(fabric)
+        self.monitors: dict[str, PortMonitor] = {}
+        self.deadlines: dict[str, float | None] = {}
+        self.hcas = {(h.host, c.rail): c for h in fabric.hosts for c in h.hcas}
+        self.rail_of = {(h.host, c.key): c.rail for h in fabric.hosts for c in h.hcas}
+        self.raw_down: set[tuple[str, int]] = set()  # (host, rail) the scenario has down
+        self.switches_down: set[str] = set()
+        self.cables_down: dict[tuple[str, str], CableRef] = {}
+        self.last_transition: dict[tuple[str, int], Transition] = {}
+        self.pending_at: float | None = None  # when the debounced solve runs
+        self.causes: set[Transition] = set()  # transitions batched into the pending solve
+        self.down: dict[Transition, str] = {}  # down transitions -> timeline kind
+        self.timing: dict[Transition, float | None] = {}
+        self.per_event: dict[Transition, Counter[str]] = defaultdict(Counter)
+        self.report = RunReport(
+            scenario=sc.name,
+            path=str(loaded.path),
+            duration_s=sc.duration_s,
+            debounce_ms=self.debounce_s * 1000,
+        )
+
+    # -- agents --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Time 0: every agent reads its ports ACTIVE; the service makes the full build."""
+        for inv in self.fabric.hosts:
+            mon = PortMonitor(
+                host=inv.host, policy=self.policy, rails={c.key: c.rail for c in inv.hcas}
+            )
+            self.monitors[inv.host] = mon
+            batch = [
+                self._reading(inv.host, c.rail, PortStateName.ACTIVE, PhysState.LINK_UP, 0.0)
+                for c in inv.hcas
+            ]
+            self._handle(inv.host, mon.observe(batch, now=0.0, wall=WALL0), 0.0)
+        self.state.solve(WALL0)  # the full build: every host's first plan
+        self.pending_at = None
+        self.causes.clear()
+        self._settle(0.0)
+
+    def _reading(
+        self, host: str, rail: int, state: PortStateName, phys: PhysState, t: float
+    ) -> PortObservation:
+        c = self.hcas[(host, rail)]
+        return PortObservation(
+            hca=c.hca,
+            port=c.port,
+            monotonic=t,
+            link_layer=c.link_layer,
+            state=state,
+            phys_state=phys,
+            netdev=c.netdev,
+        )
+
+    def _handle(self, host: str, out: MonitorOutput, t: float) -> None:
+        """Feed a monitor's effects to the service state, as the agent publishes them. A
+        change is caused by its port's last transition (the event itself, or the return that
+        started the hold-down now ending)."""
+        self.deadlines[host] = out.next_deadline
+        for ev in out.events:
+            if ev.current == PortStatus.UP and ev.previous in _HELD:
+                self.report.readmissions.append({"host": host, "rail": ev.rail, "at_s": t})
+        for st in out.states:
+            if self.state.on_port_state(st):
+                rail = self.rail_of[(host, st.key)]
+                self._dirty(t, self.last_transition.get((host, rail)))
+
+    def _dirty(self, t: float, cause: Transition | None) -> None:
+        if self.pending_at is None:
+            self.pending_at = t + self.debounce_s
+        if cause is not None:
+            self.causes.add(cause)
+
+    # -- events ----------------------------------------------------------------------------------
+    def event(self, e: Event) -> None:
+        t, cause = e.at_s, (e.entry, e.at_s)
+        if e.kind not in MODELLED:
+            who = f" {e.host}" if e.host else ""
+            self.report.skipped.append(
+                f"{e.kind}{who} at {t:g} s (timeline[{e.entry}]): not modelled yet"
+            )
+            return
+        self.report.events += 1
+        if e.kind.endswith("_down"):
+            self.down.setdefault(cause, self.loaded.scenario.timeline[e.entry].kind)
+        if e.kind.startswith("port_"):
+            assert e.host is not None and e.rail is not None and e.state and e.phys_state
+            key = (e.host, e.rail)
+            (self.raw_down.add if e.kind == "port_down" else self.raw_down.discard)(key)
+            self.last_transition[key] = cause
+            obs = self._reading(e.host, e.rail, e.state, e.phys_state, t)
+            out = self.monitors[e.host].observe([obs], now=t, wall=WALL0 + t)
+            self._handle(e.host, out, t)
+            return
+        if e.kind == "switch_down":
+            self.switches_down.add(e.switch)  # type: ignore[arg-type]
+        elif e.kind == "switch_up":
+            self.switches_down.discard(e.switch)  # type: ignore[arg-type]
+        elif e.kind == "cables_down":
+            assert e.cable is not None
+            self.cables_down[e.cable.pair] = e.cable
+        else:
+            assert e.cable is not None
+            self.cables_down.pop(e.cable.pair, None)
+        faults = FabricFaults(
+            switches_down=sorted(self.switches_down),
+            cables_down=list(self.cables_down.values()),
+            at=WALL0 + t,
+        )
+        before = self.state.health.unusable if self.state.health else {}
+        health = self.state.on_fabric_faults(faults)
+        if health.unusable != before:
+            self._dirty(t, cause)
+
+    def tick(self, host: str, t: float) -> None:
+        self._handle(host, self.monitors[host].tick(now=t, wall=WALL0 + t), t)
+
+    # -- service ---------------------------------------------------------------------------------
+    def solve(self, t: float) -> None:
+        self.pending_at = None
+        causes, self.causes = self.causes, set()
+        solved = self.state.solve(WALL0 + t)
+        self.report.solves += 1
+        if solved.plans:
+            self.report.reroutes += 1
+        for p in solved.plans:
+            self.report.plans_per_host[p.host] = self.report.plans_per_host.get(p.host, 0) + 1
+            for c in causes:
+                self.per_event[c][p.host] += 1
+        for c in causes:
+            if c in self.down and c not in self.timing and solved.plans:
+                self.timing[c] = round((t - c[1]) * 1000, 6)
+        self._settle(t)
+
+    def truth(self) -> dict[str, set[int]]:
+        """Rails unusable in fact: ports down, lost to switch faults, or held down/suppressed."""
+        out: dict[str, set[int]] = defaultdict(set)
+        for host, rail in self.raw_down:
+            out[host].add(rail)
+        links = self.state.cable_indices(self.cables_down.values())
+        health = self.switch_model.assess(switches_down=self.switches_down, links_down=links)
+        for host, rails in health.unusable.items():
+            out[host] |= rails
+        for inv in self.fabric.hosts:
+            for c in inv.hcas:
+                st = self.monitors[inv.host].state(c.key)
+                if st is not None and st.status in _HELD:
+                    out[inv.host].add(c.rail)
+        return dict(out)
+
+    def _settle(self, t: float) -> None:
+        if not self.loaded.scenario.expect.reachability:
+            return
+        self.report.settles += 1
+        truth = self.truth()
+        pairs = pairs_to_check(self.fabric, truth, seed=self.loaded.scenario.seed)
+        found = check(self.fabric, truth, self.state.plans, pairs)
+        self.report.mismatch_count += len(found)
+        room = MAX_MISMATCHES - len(self.report.mismatches)
+        self.report.mismatches += [f"{t:.3f} s: {m}" for m in found[:room]]
+
+    # -- results ---------------------------------------------------------------------------------
+    def finish(self) -> RunReport:
+        r = self.report
+        r.faults = [
+            FaultTiming(entry=c[0], kind=kind, at_s=c[1], reroute_ms=self.timing.get(c))
+            for c, kind in sorted(self.down.items(), key=lambda x: (x[0][1], x[0][0]))
+        ]
+        r.max_plans_per_host_per_event = max(
+            (n for counts in self.per_event.values() for n in counts.values()), default=0
+        )
+        r.expectations = self._expectations()
+        r.passed = r.mismatch_count == 0 and all(e.held for e in r.expectations)
+        return r
+
+    def _expectations(self) -> list[ExpectResult]:
+        ex, r = self.loaded.scenario.expect, self.report
+        out = []
+        if ex.reachability:
+            out.append(
+                ExpectResult(
+                    "reachability",
+                    True,
+                    r.mismatch_count,
+                    r.mismatch_count == 0,
+                    f"{r.mismatch_count} oracle mismatches in {r.settles} settles",
+                )
+            )
+        if ex.max_reroute_ms is not None:
+            timed = [f for f in r.faults if f.reroute_ms is not None]
+            worst = max(timed, key=lambda f: f.reroute_ms or 0.0, default=None)
+            observed = worst.reroute_ms if worst else 0.0
+            held = observed <= ex.max_reroute_ms
+            detail = (
+                f"slowest reroute {observed:g} ms (timeline[{worst.entry}] at {worst.at_s:g} s)"
+                if worst
+                else "no reroute"
+            ) + f", limit {ex.max_reroute_ms:g} ms"
+            out.append(ExpectResult("max_reroute_ms", ex.max_reroute_ms, observed, held, detail))
+        if ex.max_plans_per_host_per_event is not None:
+            n, limit = r.max_plans_per_host_per_event, ex.max_plans_per_host_per_event
+            worst_at = [
+                f"timeline[{c[0]}] at {c[1]:g} s, {h}"
+                for c, counts in sorted(self.per_event.items())
+                for h, k in sorted(counts.items())
+                if k == n
+            ]
+            detail = f"at most {n} plan(s) per host per event" + (
+                f" ({worst_at[0]})" if worst_at else ""
+            )
+            out.append(
+                ExpectResult(
+                    "max_plans_per_host_per_event",
+                    limit,
+                    n,
+                    n <= limit,
+                    detail + f", limit {limit}",
+                )
+            )
+        return out
+
+
+def run(loaded: LoadedScenario) -> RunReport:
+    """Replay ``loaded`` (see the module docstring) and return its :class:`RunReport`.
+    Deterministic: the same scenario gives the same report. Events, monitor deadlines and
+    solves up to ``duration_s`` are processed in time order (at one instant: events, then due
+    monitor timers, then a due solve); a solve still pending at the end is made."""
+    sim = _Run(loaded)
+    sim.start()
+    events = expand(loaded)
+    end = loaded.scenario.duration_s
+    i = 0
+    while True:
+        times = [] if i >= len(events) else [events[i].at_s]
+        times += [d for d in sim.deadlines.values() if d is not None and d <= end]
+        if sim.pending_at is not None:
+            times.append(sim.pending_at)
+        if not times:
+            break
+        t = min(times)
+        while i < len(events) and events[i].at_s <= t:
+            sim.event(events[i])
+            i += 1
+        for host, d in list(sim.deadlines.items()):
+            if d is not None and d <= t:
+                sim.tick(host, t)
+        if sim.pending_at is not None and sim.pending_at <= t:
+            sim.solve(t)
+    return sim.finish()

@@ -1,0 +1,139 @@
+"""The simulated-clock replay: golden scenarios through the real monitor, state and solver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from linkguard.cli import main
+from linkguard.simulations.engine import run
+from linkguard.simulations.scenario import (
+    SCENARIOS_DIR,
+    expand,
+    load_scenario,
+    shipped_scenarios,
+)
+
+DEBOUNCE_MS = 150.0  # the service's default; none of these goldens sets debounce_ms
+
+
+def golden(name: str):
+    return load_scenario(SCENARIOS_DIR / f"{name}.yaml")
+
+
+def reroutes(report) -> list[tuple[int, float, float | None]]:
+    return [(f.entry, f.at_s, f.reroute_ms) for f in report.faults]
+
+
+def test_single_link_down() -> None:
+    r = run(golden("single-link-down"))
+    assert r.passed and r.failures == []
+    # down at 2 s: one solve after the debounce; up at 8 s: held down 2 s, one solve after
+    # the re-admission at 10 s. Each solve gives all 4 hosts a new plan.
+    assert (r.events, r.solves, r.reroutes, r.settles) == (2, 2, 2, 3)
+    assert r.plans_per_host == {f"gpu00{i}": 2 for i in range(4)}
+    assert (r.plans_total, r.plans_max_per_host, r.max_plans_per_host_per_event) == (8, 2, 1)
+    assert reroutes(r) == [(0, 2.0, DEBOUNCE_MS)]
+    assert r.readmissions == [{"host": "gpu001", "rail": 1, "at_s": 10.0}]
+    assert [(e.name, e.observed, e.held) for e in r.expectations] == [
+        ("reachability", 0, True),
+        ("max_reroute_ms", DEBOUNCE_MS, True),
+    ]
+
+
+def test_flapping_link_costs_one_reroute_and_one_readmission() -> None:
+    loaded = golden("flapping-link")
+    ups = [e.at_s for e in expand(loaded) if e.kind == "port_up"]
+    downs = [e.at_s for e in expand(loaded) if e.kind == "port_down"]
+    r = run(loaded)
+    assert r.passed
+    # only the first down moves traffic; the other four come while the port is held down
+    assert reroutes(r) == [(0, downs[0], DEBOUNCE_MS)] + [(0, t, None) for t in downs[1:]]
+    assert (r.events, r.solves, r.reroutes) == (10, 2, 2)
+    assert r.plans_per_host == {f"gpu00{i}": 2 for i in range(4)}
+    # five flaps: hold-down min(8, 1 * 2**4) = 8 s after the last return
+    assert r.readmissions == [{"host": "gpu002", "rail": 2, "at_s": pytest.approx(ups[-1] + 8)}]
+    assert ups[-1] == 11.124478  # about 19.1 s, as the scenario says
+
+
+def test_leaf_reboot_is_one_plan_per_host_per_event() -> None:
+    r = run(golden("leaf-reboot"))
+    assert r.passed
+    # solves: the leaf and its 4 ports at 2 s (one batch), the leaf back at 7 s (its ports
+    # still held down: no plan changes), the 4 ports re-admitted at 8 s (one batch)
+    assert (r.events, r.solves, r.reroutes) == (10, 3, 2)
+    assert r.plans_per_host == {f"gpu00{i}": 2 for i in range(8)}
+    assert r.max_plans_per_host_per_event == 1
+    assert reroutes(r) == [(0, 2.0, DEBOUNCE_MS)]
+    assert r.readmissions == [{"host": f"gpu00{i}", "rail": 2, "at_s": 8.0} for i in range(4)]
+    assert r.expectations[-1].name == "max_plans_per_host_per_event"
+    assert (r.expectations[-1].limit, r.expectations[-1].held) == (2, True)
+
+
+def test_uplink_loss_moves_traffic_only_when_the_leaf_is_cut_off() -> None:
+    r = run(golden("uplink-loss"))
+    assert r.passed
+    # 2 s: one of two cables, nothing moves; 10 s: the fourth pair's cables cut su1-leaf3
+    # off (entries 1-3 leave it an uplink); 15 s: the first pair back reconnects it
+    assert reroutes(r) == [
+        (0, 2.0, None),
+        (1, 10.0, None),
+        (2, 10.0, None),
+        (3, 10.0, None),
+        (4, 10.0, DEBOUNCE_MS),
+    ]
+    assert (r.events, r.solves, r.reroutes) == (10, 2, 2)
+    assert r.plans_per_host == {f"gpu{i:03d}": 2 for i in range(16)}
+    assert r.readmissions == []
+
+
+@pytest.mark.parametrize("path", shipped_scenarios(), ids=lambda p: p.stem)
+def test_every_shipped_scenario_passes(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path.stem}: PASSED\n")
+    assert "0 mismatches" in out
+
+
+def test_outages_are_skipped_not_faked() -> None:
+    r = run(golden("broker-outage"))
+    assert r.skipped == [
+        "broker_down at 2 s (timeline[0]): not modelled yet",
+        "broker_up at 7 s (timeline[0]): not modelled yet",
+    ]
+    assert r.events == 2 and r.passed
+
+
+def test_an_expectation_that_cannot_hold_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load((SCENARIOS_DIR / "single-link-down.yaml").read_text())
+    doc["expect"] = {"max_reroute_ms": 100}  # below the 150 ms debounce
+    path = tmp_path / "too-fast.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = run(load_scenario(path))
+    assert not r.passed and r.mismatch_count == 0
+    assert r.failures == [
+        "max_reroute_ms: slowest reroute 150 ms (timeline[0] at 2 s), limit 100 ms"
+    ]
+
+    assert main(["sim", "run", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "single-link-down: FAILED" in out
+    assert "expect max_reroute_ms: FAILED (slowest reroute 150 ms" in out
+
+    assert main(["sim", "run", str(path), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] is False
+    assert data["failures"] == r.failures
+    assert data["faults"] == [{"entry": 0, "kind": "link_down", "at_s": 2.0, "reroute_ms": 150.0}]
+
+
+def test_a_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("schema: linkguard.scenario/v0\n")
+    assert main(["sim", "run", str(path)]) == 2
+    assert "this linkguard reads `schema: linkguard.scenario/v1`" in capsys.readouterr().err
