@@ -177,6 +177,7 @@ class _Run:
         self.hcas = {(h.host, c.rail): c for h in fabric.hosts for c in h.hcas}
         self.rail_of = {(h.host, c.key): c.rail for h in fabric.hosts for c in h.hcas}
         self.raw_down: set[tuple[str, int]] = set()  # (host, rail) the scenario has down
+        self.touched: set[str] = set()  # hosts with a port event after time 0
         self.switches_down: set[str] = set()
         self.cables_down: dict[tuple[str, str], CableRef] = {}
         self.last_transition: dict[tuple[str, int], Transition] = {}
@@ -258,6 +259,7 @@ class _Run:
         if e.kind.startswith("port_"):
             assert e.host is not None and e.rail is not None and e.state and e.phys_state
             key = (e.host, e.rail)
+            self.touched.add(e.host)
             (self.raw_down.add if e.kind == "port_down" else self.raw_down.discard)(key)
             self.last_transition[key] = cause
             obs = self._reading(e.host, e.rail, e.state, e.phys_state, t)
@@ -313,11 +315,11 @@ class _Run:
         health = self.switch_model.assess(switches_down=self.switches_down, links_down=links)
         for host, rails in health.unusable.items():
             out[host] |= rails
-        for inv in self.fabric.hosts:
-            for c in inv.hcas:
-                st = self.monitors[inv.host].state(c.key)
+        for host in sorted(self.touched):  # the others read ACTIVE since time 0: none is held
+            for c in self.fabric.host(host).hcas:
+                st = self.monitors[host].state(c.key)
                 if st is not None and st.status in _HELD:
-                    out[inv.host].add(c.rail)
+                    out[host].add(c.rail)
         return dict(out)
 
     def _settle(self, t: float) -> None:

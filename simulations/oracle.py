@@ -27,7 +27,7 @@ from ipaddress import IPv4Address
 
 from linkguard.models import Plan
 from linkguard.topology.fabric import Fabric
-from linkguard.topology.solver import egress
+from linkguard.topology.solver import PlanLookup
 
 __all__ = ["Mismatch", "check", "pairs_to_check"]
 
@@ -111,6 +111,7 @@ def check(
         pairs = [(a, b) for a in names for b in names if a != b]
     out: list[Mismatch] = []
     no_plan: set[str] = set()
+    lookups: dict[str, PlanLookup] = {}
     for a, b in pairs:
         plan = plans.get(a)
         both = usable[a] & usable[b]
@@ -119,8 +120,11 @@ def check(
                 no_plan.add(a)
                 out.append(Mismatch("no_plan", a, None, None, (), tuple(sorted(usable[a]))))
             continue
+        look = lookups.get(a)
+        if look is None or look.plan is not plan:
+            look = lookups[a] = PlanLookup(plan)
         for ep in fabric.host(b).endpoints:
-            rails = egress(plan, ep)
+            rails = look.egress(ep)
             if both and not rails:
                 out.append(Mismatch("unrouted", a, b, ep, (), tuple(sorted(both))))
             elif rails and not set(rails) <= both:

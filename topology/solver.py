@@ -74,7 +74,7 @@ from linkguard.models import (
 )
 from linkguard.topology.fabric import Fabric, home_rails
 
-__all__ = ["Solver", "egress", "load_report", "nic_load", "solve"]
+__all__ = ["PlanLookup", "Solver", "egress", "load_report", "nic_load", "solve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -696,19 +696,33 @@ def solve(
     return s.plans(hosts, epoch=epoch, now=now)
 
 
-def egress(plan: Plan, destination: IPv4Address) -> tuple[int, ...]:
-    """The local rails ``plan`` sends ``destination`` out of, by longest prefix: its /32 route,
-    else ``()`` when it is listed unreachable, else the rails of the prefix route covering it
-    (several = multipath, ``()`` = an unreachable prefix), else ``()`` (no route)."""
-    for r in plan.routes:
-        if r.destination == destination:
-            return (r.rail,)
-    if destination in plan.unreachable:
+class PlanLookup:
+    """The rails one plan sends destinations out of, by longest prefix: a destination's /32
+    route, else ``()`` when it is listed unreachable, else the rails of the prefix route
+    covering it (several = multipath, ``()`` = an unreachable prefix), else ``()`` (no route).
+    Indexes the plan once; :func:`egress` is the one-off form."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._routes = {r.destination: (r.rail,) for r in plan.routes}
+        self._unreachable = set(plan.unreachable)
+        self._prefixes = [(pr.prefix, tuple(pr.rails)) for pr in plan.prefix_routes]
+
+    def egress(self, destination: IPv4Address) -> tuple[int, ...]:
+        rails = self._routes.get(destination)
+        if rails is not None:
+            return rails
+        if destination in self._unreachable:
+            return ()
+        for prefix, rails in self._prefixes:
+            if destination in prefix:
+                return rails
         return ()
-    for pr in plan.prefix_routes:
-        if destination in pr.prefix:
-            return tuple(pr.rails)
-    return ()
+
+
+def egress(plan: Plan, destination: IPv4Address) -> tuple[int, ...]:
+    """The local rails ``plan`` sends ``destination`` out of (see :class:`PlanLookup`)."""
+    return PlanLookup(plan).egress(destination)
 
 
 def nic_load(
