@@ -58,6 +58,7 @@ from linkguard.topology.fabric import Fabric, check_servable, load_fabric
 
 __all__ = [
     "EVENT_KINDS",
+    "FAULT_KINDS",
     "MAX_EVENTS",
     "SCENARIOS_DIR",
     "SCHEMA",
@@ -357,6 +358,11 @@ Fault = Annotated[
     Field(discriminator="kind"),
 ]
 
+#: Every fault ``kind`` of a timeline entry, from the union above.
+FAULT_KINDS: tuple[str, ...] = tuple(
+    get_args(m.model_fields["kind"].annotation)[0] for m in get_args(get_args(Fault)[0])
+)
+
 
 class Scenario(_Model):
     """One scenario file (module docstring). ``schema`` is ``version`` in Python.
@@ -458,13 +464,13 @@ def _where(loc: tuple[int | str, ...], data: object) -> tuple[str, tuple[int | s
         return "", loc
     i, rest = loc[1], loc[2:]
     kind = None
-    if rest and rest[0] in _KINDS:
+    if rest and rest[0] in FAULT_KINDS:
         kind, rest = rest[0], rest[1:]
     elif isinstance(data, dict):
         entries = data.get("timeline")
         if isinstance(entries, list) and i < len(entries) and isinstance(entries[i], dict):
             k = entries[i].get("kind")
-            kind = k if isinstance(k, str) and k in _KINDS else None
+            kind = k if isinstance(k, str) and k in FAULT_KINDS else None
     return (f"timeline[{i}] ({kind})" if kind else f"timeline[{i}]"), rest
 
 
@@ -481,19 +487,6 @@ def _summary(exc: ValidationError, data: object, limit: int = 5) -> str:
         parts.append(f"... and {more} more")
     return "; ".join(parts)
 
-
-_KINDS = {
-    "link_down",
-    "link_up",
-    "flap",
-    "port_cycle",
-    "leaf_reboot",
-    "spine_loss",
-    "uplink_loss",
-    "broker_outage",
-    "service_restart",
-    "agent_restart",
-}
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

@@ -199,13 +199,19 @@ async def test_impossible_or_malformed_faults_are_refused_and_the_good_set_put_b
     assert service.state.plans == plans  # a spine coming back moves nothing either
 
 
+def _good_typo_want() -> tuple[FabricFaults, FabricFaults, dict[str, Plan]]:
+    """A set that cuts su0-leaf1 off, a typo'd set naming su0-leaf11, and the plans of the
+    good set (SU 0's hosts without rail 1)."""
+    good = _cut_off("su0-leaf1", reason="CHG-1")
+    typo = FabricFaults(switches_down=["su0-leaf11"], reason="CHG-2", at=time.time())
+    return good, typo, solve(FABRIC, {h: frozenset({1}) for h in SU0}, epoch=1, now=0.0)
+
+
 @pytest.mark.real
 async def test_a_refused_set_leaves_the_good_one_in_force_after_a_restart(mosquitto) -> None:
     """The user's case: a good set, then a typo'd one, then a service restart. The restarted
     service must plan with the good set, not with nothing."""
-    good = _cut_off("su0-leaf1", reason="CHG-1")
-    typo = FabricFaults(switches_down=["su0-leaf11"], reason="CHG-2", at=time.time())
-    want = solve(FABRIC, {h: frozenset({1}) for h in SU0}, epoch=1, now=0.0)
+    good, typo, want = _good_typo_want()
     async with _operator(mosquitto.port) as (operator, health):
         async with _service(mosquitto.port) as first:
             await operator.publish(topics.fabric_faults(), encode(good), retain=True)
@@ -232,9 +238,7 @@ async def test_a_set_refused_at_start_falls_back_to_the_set_the_last_service_acc
 ) -> None:
     """A typo'd set published while no service runs: the next service refuses it and keeps
     the set the previous instance had accepted (from its retained service/health)."""
-    good = _cut_off("su0-leaf1", reason="CHG-1")
-    typo = FabricFaults(switches_down=["su0-leaf11"], reason="CHG-2", at=time.time())
-    want = solve(FABRIC, {h: frozenset({1}) for h in SU0}, epoch=1, now=0.0)
+    good, typo, want = _good_typo_want()
     async with _operator(mosquitto.port) as (operator, health):
         async with _service(mosquitto.port) as first:
             await operator.publish(topics.fabric_faults(), encode(good), retain=True)

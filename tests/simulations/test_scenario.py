@@ -16,6 +16,7 @@ from linkguard.cli import main
 from linkguard.models import CableRef, PhysState, PortStateName
 from linkguard.simulations.scenario import (
     EVENT_KINDS,
+    FAULT_KINDS,
     MAX_EVENTS,
     SCENARIOS_DIR,
     SCHEMA,
@@ -472,18 +473,6 @@ def test_round_trip(tmp_path: Path, name: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Property: anything YAML-ish fails only with ScenarioError
 
-KINDS = [
-    "link_down",
-    "link_up",
-    "flap",
-    "port_cycle",
-    "leaf_reboot",
-    "spine_loss",
-    "uplink_loss",
-    "broker_outage",
-    "service_restart",
-    "agent_restart",
-]
 junk = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats() | st.text(max_size=12),
     lambda inner: (
@@ -529,7 +518,7 @@ KIND_FIELDS = {
 
 @st.composite
 def entries(draw) -> dict:
-    kind = draw(st.sampled_from([*KINDS, "bogus"]))
+    kind = draw(st.sampled_from([*FAULT_KINDS, "bogus"]))
     entry = {"at_s": draw(times), "kind": kind}
     for name in KIND_FIELDS.get(kind, []):
         if draw(st.integers(0, 9)):  # sometimes left out
@@ -640,3 +629,18 @@ def test_readme_example_is_valid(tmp_path: Path) -> None:
     loaded = load_scenario(write(tmp_path, example))
     assert loaded.scenario.debounce_ms == 50
     assert Counter(e.kind for e in expand(loaded)) == {"port_down": 5, "port_up": 5}
+
+
+def test_fault_kinds_are_the_documented_ten() -> None:
+    assert FAULT_KINDS == (
+        "link_down",
+        "link_up",
+        "flap",
+        "port_cycle",
+        "leaf_reboot",
+        "spine_loss",
+        "uplink_loss",
+        "broker_outage",
+        "service_restart",
+        "agent_restart",
+    )
