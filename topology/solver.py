@@ -180,13 +180,6 @@ class _Base:
 
 
 @dataclass
-class _Stats:
-    contributions: int = 0  # computed (cache misses)
-    reused: int = 0  # taken from another host of the same class
-    hosts_touched: int = 0
-
-
-@dataclass
 class Solver:
     """Plans of every host of ``fabric``, kept current under changes of the unusable rails.
 
@@ -201,7 +194,6 @@ class Solver:
     #: a rail that at least this many hosts cannot use is *degraded*: multipath prefix routes
     #: leave it out (see the module docstring); 0 disables
     degraded_after: int = DEGRADED_AFTER_HOSTS
-    stats: _Stats = field(default_factory=_Stats)
 
     def __post_init__(self) -> None:
         self._hosts = _index(self.fabric)
@@ -275,7 +267,6 @@ class Solver:
                 changed_pos.append(p)
         if not changed_pos:
             return []
-        self.stats = _Stats()
         was = {p: p in self._impaired for p in changed_pos}
         for p in changed_pos:
             if self._is_impaired(p):
@@ -302,14 +293,13 @@ class Solver:
             self._base[p] = self._make_base(h)
             self._contrib[p] = {}
             self._fill_row(h)
-            if not self._same_base(old_base, self._base[p]) or old_row != self._contrib[p]:
+            if old_base != self._base[p] or old_row != self._contrib[p]:
                 dirty.add(p)
         # everyone else: only the columns of the changed peers
         skip = {k for k, members in self._groups.items() if all(m in was for m in members)}
         for p in sorted(changed_pos):
             if was[p] or p in self._impaired:
                 self._column(p, dirty, skip, fresh=not was[p])
-        self.stats.hosts_touched = len(dirty)
         return [self._hosts[p].inv.host for p in sorted(dirty)]
 
     def _degraded_rails(self) -> frozenset[int]:
@@ -328,8 +318,7 @@ class Solver:
         return [
             h.inv.host
             for h in self._hosts
-            if old_rows[h.pos] != self._contrib[h.pos]
-            or not self._same_base(old_base[h.pos], self._base[h.pos])
+            if old_rows[h.pos] != self._contrib[h.pos] or old_base[h.pos] != self._base[h.pos]
         ]
 
     def _multipath(self, usable: frozenset[int]) -> frozenset[int]:
@@ -355,8 +344,6 @@ class Solver:
             m = math.lcm(a, a - 1) if a > 1 else 1
             for lst in self._classes(key, members, m, p):
                 c = self._contribution(self._hosts[lst[0]], ph) if impaired else None
-                if len(lst) > 1:
-                    self.stats.reused += len(lst) - 1
                 if fresh:  # P was not impaired: no row has an entry for it yet
                     if c is not None:
                         for pos in lst:
@@ -469,14 +456,6 @@ class Solver:
         """Can P's endpoints need a /32 at some host? Always in explicit form."""
         return (not self.prefix_mode) or self._usable[p] != self.all_rails
 
-    @staticmethod
-    def _same_base(a: _Base, b: _Base) -> bool:
-        return (
-            a.assignments == b.assignments
-            and a.prefix_routes == b.prefix_routes
-            and a.backups == b.backups
-        )
-
     def _prefix_routes(self, h: _Host, usable: frozenset[int]) -> tuple[PrefixRoute, ...]:
         if not self.prefix_mode:
             return ()
@@ -577,7 +556,6 @@ class Solver:
 
     def _contribution(self, h: _Host, p: _Host) -> _Contrib | None:
         """P's contribution to H (None when it adds nothing)."""
-        self.stats.contributions += 1
         t = self._template(h, p)
         return None if t is _NOTHING or (not t[0] and not t[1]) else t
 
