@@ -68,6 +68,7 @@ class FabricState:
         self._hosts = {h.host for h in self.fabric.hosts}
         self._rail_of = {(h.host, hca.key): hca.rail for h in self.fabric.hosts for hca in h.hcas}
         self._switches: SwitchModel | None = None
+        self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
 
     @property
     def host_names(self) -> frozenset[str]:
@@ -202,10 +203,15 @@ class FabricState:
         if self.solver is None:
             self.solver = Solver(self.fabric, unusable)
             names = self.solver.host_names
-        else:
-            names = self.solver.update(
-                {h: unusable.get(h, frozenset()) for h in self.solver.host_names}
-            )
+        else:  # only the hosts whose unusable rails changed, not the whole fleet
+            last = self._solved_unusable
+            changed = {
+                h: unusable.get(h, frozenset())
+                for h in unusable.keys() | last.keys()
+                if unusable.get(h) != last.get(h)
+            }
+            names = self.solver.update(changed)
+        self._solved_unusable = dict(unusable)
         return {n: self.solver.plan(n, epoch=epoch, now=now) for n in names}
 
     def solve(self, now: float) -> Solved:

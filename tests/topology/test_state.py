@@ -81,3 +81,23 @@ def test_pending_acks() -> None:
         s.on_ack(Ack(host=h, epoch=7, result=AckResult.APPLIED, applied_at=1.0))
     s.on_ack(Ack(host="gpu003", epoch=7, result=AckResult.FAILED, applied_at=1.0, error="x"))
     assert s.pending_acks() == ["gpu003"]
+
+
+def test_incremental_solves_track_the_full_solve() -> None:
+    """The state hands the solver only the hosts whose rails changed; after every solve its
+    plans equal a full solve of what it knows."""
+    s = FabricState(fabric=FABRIC, epoch_start=1)
+    s.solve(0.0)
+    steps = [
+        ("gpu001", "mlx5_2", PortStatus.DOWN),
+        ("gpu003", "mlx5_0", PortStatus.DOWN),
+        ("gpu001", "mlx5_2", PortStatus.HELD_DOWN),  # still unusable: no change
+        ("gpu001", "mlx5_2", PortStatus.UP),
+        ("gpu003", "mlx5_0", PortStatus.UP),
+    ]
+    for seq, (host, hca, status) in enumerate(steps, start=1):
+        s.on_port_state(_st(host, hca, status, seq=seq, at=float(seq)))
+        s.solve(float(seq))
+        full = solve(FABRIC, s.unusable(), epoch=0, now=0.0)
+        assert all(s.plans[h].same_assignments(full[h]) for h in FABRIC.host_names), steps[seq - 1]
+    assert s.unusable() == {}
