@@ -20,7 +20,7 @@ from linkguard.config import BusSettings
 from linkguard.models import Plan, PortStatus
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, home_rails
-from linkguard.topology.solver import egress, nic_load
+from linkguard.topology.solver import PlanLookup, nic_load
 
 __all__ = ["QuickstartResult", "run_quickstart"]
 
@@ -183,12 +183,13 @@ def _moved(
         out[h] = []
         if plan is None or old is None:
             continue
+        now_look, old_look = PlanLookup(plan), PlanLookup(old)
         for p in fabric.hosts:
             if p.host == h:
                 continue
             for ep in p.endpoints:
-                now = egress(plan, ep)
-                if now != egress(old, ep):
+                now = now_look.egress(ep)
+                if now != old_look.egress(ep):
                     out[h].append((ep, now))
     return out
 
