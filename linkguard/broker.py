@@ -1,17 +1,22 @@
 """Embedded MQTT broker (amqtt) for single-machine runs: zero setup, bound to 127.0.0.1.
 
 amqtt listens on 0.0.0.0 by default; linkguard never does unless told to. Production uses
-Mosquitto (see deploy/ and the README).
+Mosquitto (see deploy/ and the README); :class:`MosquittoProcess` runs a private one for labs,
+simulations and tests.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
-__all__ = ["embedded_broker", "free_port"]
+__all__ = ["MosquittoProcess", "embedded_broker", "free_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -65,3 +70,87 @@ async def embedded_broker(*, host: str = "127.0.0.1", port: int = 1883) -> Async
         yield port
     finally:
         await broker.shutdown()
+
+
+def _wait_listening(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"mosquitto did not listen on {host}:{port} within {timeout} s")
+
+
+class MosquittoProcess:
+    """A private Mosquitto on 127.0.0.1 for labs, simulations and tests.
+
+    ``MosquittoProcess(workdir)`` writes ``workdir/mosquitto.conf`` (loopback listener,
+    anonymous, no persistence, ``max_queued_messages 100000``, ``max_inflight_messages 0``:
+    Mosquitto's default queue of 1000 silently drops QoS 1 messages under fan-in) and
+    :meth:`start` runs it. :meth:`stop` then :meth:`start` again is a broker outage: the same
+    port, retained messages lost (as a Mosquitto without persistence loses them).
+    ``port=0`` picks a free port once, kept across restarts. Raises FileNotFoundError when
+    no ``mosquitto`` binary is found (PATH, then /usr/sbin) and TimeoutError when it does not
+    listen within 10 s.
+    """
+
+    def __init__(self, workdir: Path, *, port: int = 0, binary: str | None = None) -> None:
+        found = binary or shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
+        if not found:
+            raise FileNotFoundError("mosquitto not found (Debian package `mosquitto`)")
+        self.binary = found
+        self.host = "127.0.0.1"
+        self.port = port or free_port(self.host)
+        self.workdir = workdir
+        self.conf = workdir / "mosquitto.conf"
+        self.log = workdir / "mosquitto.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> MosquittoProcess:
+        """Start (or restart) the broker and wait until it listens; returns self."""
+        if self.running:
+            return self
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(
+            f"listener {self.port} {self.host}\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            "max_queued_messages 100000\n"
+            "max_inflight_messages 0\n"
+            f"log_dest file {self.log}\n"
+            "log_type error\nlog_type warning\n"
+        )
+        self.process = subprocess.Popen(
+            [self.binary, "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(self.host, self.port, 10)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 5 s); a no-op when not running."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def __enter__(self) -> MosquittoProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

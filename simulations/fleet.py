@@ -15,6 +15,7 @@ from pathlib import Path
 
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
+from linkguard.bus import Bus
 from linkguard.config import AgentSettings, BusSettings, PortConfig, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import AckResult
@@ -77,12 +78,18 @@ class SimulatedFleet:
         damping: DampingPolicy | None = None,
         debounce_ms: float = 20,
         settle_s: float = 0.2,
+        bus_factory: Callable[..., Bus] = Bus,
     ) -> None:
+        """``bus_factory``: the bus session of the service and every agent (default the real
+        MQTT :class:`~linkguard.bus.Bus`; simulations beyond a few hundred agents pass an
+        in-memory one with the same semantics)."""
         self.fabric = fabric
+        self.bus_factory = bus_factory
         damping = damping or DampingPolicy()
         self.service = TopologyService(
             ServiceSettings(bus=bus, debounce_ms=debounce_ms, startup_settle_s=settle_s),
             fabric=fabric,
+            bus_factory=bus_factory,
         )
         self.sources: dict[str, SimulatedPortSource] = {}
         self.tables: dict[str, MemoryRouteTable] = {}
@@ -97,6 +104,7 @@ class SimulatedFleet:
                 source=self.sources[inv.host],
                 table=self.tables[inv.host],
                 discovered=[],
+                bus_factory=bus_factory,
             )
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from linkguard.broker import MosquittoProcess
 from tests.support import require_binary
 
 #: the workspace's real captures (``../shared/fixtures/real`` next to the repository), or
@@ -41,47 +40,16 @@ class Broker:
     port: int
     process: subprocess.Popen
     log: Path
-
-
-def _wait_port(host: str, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"mosquitto did not listen on {host}:{port} within {timeout} s")
+    handle: MosquittoProcess
 
 
 def start_mosquitto(tmp: Path, port: int = 0) -> Broker:
-    """Start Mosquitto on ``port`` (0: a free one) of 127.0.0.1 with linkguard's settings."""
+    """Start Mosquitto on ``port`` (0: a free one) of 127.0.0.1 with linkguard's settings
+    (:class:`linkguard.broker.MosquittoProcess`)."""
     binary = require_binary("mosquitto")
-    if port == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    conf = tmp / "mosquitto.conf"
-    log = tmp / "mosquitto.log"
-    # max_queued_messages: Mosquitto's default (1000) silently drops QoS 1 messages under
-    # fan-in; every broker config linkguard ships or starts raises it.
-    conf.write_text(
-        f"listener {port} 127.0.0.1\n"
-        "allow_anonymous true\n"
-        "persistence false\n"
-        "max_queued_messages 100000\n"
-        "max_inflight_messages 0\n"
-        f"log_dest file {log}\n"
-        "log_type error\nlog_type warning\n"
-    )
-    proc = subprocess.Popen(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
-        _wait_port("127.0.0.1", port, 10)
-    except TimeoutError:
-        proc.kill()
-        raise
-    return Broker("127.0.0.1", port, proc, log)
+    m = MosquittoProcess(tmp, port=port, binary=binary).start()
+    assert m.process is not None
+    return Broker(m.host, m.port, m.process, m.log, m)
 
 
 @pytest.fixture
@@ -91,11 +59,7 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     try:
         yield broker
     finally:
-        broker.process.terminate()
-        try:
-            broker.process.wait(5)
-        except subprocess.TimeoutExpired:
-            broker.process.kill()
+        broker.handle.stop()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import json
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -92,7 +92,15 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
 class TopologyService:
     """``await service.run()`` until cancelled or :meth:`stop`."""
 
-    def __init__(self, settings: ServiceSettings, *, fabric: Fabric | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        fabric: Fabric | None = None,
+        bus_factory: Callable[..., Bus] = Bus,
+    ) -> None:
+        """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
+        arguments); simulations pass an in-memory bus."""
         self.settings = settings
         self.fabric = fabric if fabric is not None else fabric_from_settings(settings)
         self.state = FabricState(fabric=self.fabric, epoch_start=int(time.time() * 1000))
@@ -125,7 +133,7 @@ class TopologyService:
         self.me = Me()
         self.duplicate: ServiceStatus | None = None
         self._warned: set[tuple[str, ...]] = set()
-        self.bus = Bus(
+        self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-topology-{self.me.instance}",
             subscriptions=[

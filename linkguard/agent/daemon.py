@@ -15,7 +15,7 @@ import json
 import signal
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -128,7 +128,10 @@ class Agent:
         source: PortSource | None = None,
         table: RouteTableLike | None = None,
         discovered: Sequence[DiscoveredPort] | None = None,
+        bus_factory: Callable[..., Bus] = Bus,
     ) -> None:
+        """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
+        arguments); simulations pass an in-memory bus."""
         self.settings = settings
         self.host = settings.host
         self.me = Me()
@@ -196,7 +199,7 @@ class Agent:
         self._announcer: asyncio.Task[None] | None = None
         self._announced = False  # states, events and acks wait for the presence check
         self._cleared_logged = False  # plan_cleared said since the last plan
-        self.bus = Bus(
+        self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
             subscriptions=[topics.plan(self.host), topics.status(self.host)],
