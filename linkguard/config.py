@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer
+from linkguard.topology.backoff import BackoffPolicy
 
 __all__ = [
     "AgentSettings",
@@ -194,14 +195,58 @@ class ServiceSettings(_Base):
     generate: GeneratorSettings | None = Field(
         None, description="generator parameters, when there is no fabric file"
     )
+    # When to solve: RFC 8405's SPF back-off (linkguard.topology.backoff), with its names.
+    solve_initial_delay_ms: float = Field(
+        10.0,
+        ge=0,
+        le=10_000,
+        description="after a quiet period, solve this long after the first change (RFC 8405 "
+        "INITIAL_SPF_DELAY): a single failed link is rerouted at once",
+    )
     debounce_ms: float = Field(
         150.0,
         ge=0,
         le=10_000,
-        description="batch state changes this long after the first one before solving (Open/R "
-        "batches over 10-250 ms); above the agents' poll interval (100 ms) so that a leaf "
-        "failure, seen by each of its hosts at its next poll, is solved as one batch",
+        description="changes that follow the first one are batched this long (RFC 8405 "
+        "SHORT_SPF_DELAY; Open/R batches over 10-250 ms); above the agents' poll interval "
+        "(100 ms), so a leaf failure costs at most two plans per host",
     )
+    solve_long_delay_ms: float = Field(
+        1000.0,
+        ge=0,
+        le=60_000,
+        description="batching window once changes keep coming for longer than "
+        "solve_time_to_learn_ms (RFC 8405 LONG_SPF_DELAY): a storm costs one solve per window",
+    )
+    solve_time_to_learn_ms: float = Field(
+        500.0, ge=0, le=60_000, description="RFC 8405 TIME_TO_LEARN_INTERVAL"
+    )
+    solve_holddown_ms: float = Field(
+        3000.0,
+        ge=0,
+        le=600_000,
+        description="quiet time after which the next change is solved after "
+        "solve_initial_delay_ms again (RFC 8405 HOLDDOWN_INTERVAL; >= solve_time_to_learn_ms)",
+    )
+
+    def backoff_policy(self) -> BackoffPolicy:
+        """The solve back-off of these settings (RFC 8405)."""
+        return BackoffPolicy(
+            initial_ms=self.solve_initial_delay_ms,
+            short_ms=self.debounce_ms,
+            long_ms=self.solve_long_delay_ms,
+            time_to_learn_ms=self.solve_time_to_learn_ms,
+            holddown_ms=self.solve_holddown_ms,
+        )
+
+    @model_validator(mode="after")
+    def _backoff_consistent(self) -> ServiceSettings:
+        if self.solve_holddown_ms < self.solve_time_to_learn_ms:
+            raise ValueError(
+                f"solve_holddown_ms ({self.solve_holddown_ms:g}) must be >= "
+                f"solve_time_to_learn_ms ({self.solve_time_to_learn_ms:g}) (RFC 8405)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_fabric_source(self) -> ServiceSettings:

@@ -9,19 +9,28 @@ What runs is the real code, without bus or threads: one
 the port events as observations, and is ticked at its own ``next_deadline`` (hold-down ends,
 reuse, history reset), as the agent's ``watch`` and ``timer`` tasks drive it; the states it
 publishes go into a real :class:`~linkguard.topology.state.FabricState`, as do switch and cable
-faults (the whole set, as ``fabric/faults`` carries it). Like the service's solver loop, the
-first state change that alters which rails are usable starts the debounce window
-(``debounce_ms``, default the service's), and one solve at its end takes every change that
-arrived meanwhile. A solve takes no simulated time and its plans count as applied at once,
-so a down transition's time to reroute is the debounce. Time 0: every port reads ACTIVE and
-the service makes its full build.
+faults (the whole set, as ``fabric/faults`` carries it). Like the service's solver loop, a
+state change that alters which rails are usable schedules a solve with the service's RFC 8405
+back-off (:mod:`linkguard.topology.backoff`: the service's defaults, ``debounce_ms`` from the
+scenario), and that solve takes every change that arrived until it runs. A solve takes no
+simulated time and its plans count as applied at once, so a down transition's time to
+reroute is the back-off delay (10 ms after a quiet period by default). Time 0: every port
+reads ACTIVE and the service makes its full build.
 
 After every solve (a *settle*) the oracle (:mod:`linkguard.simulations.oracle`) compares the
 plans with the truth: ports the scenario has down, rails lost to switch faults
 (:mod:`linkguard.topology.health`) and ports their agent still holds down or suppresses.
 
-Not modelled yet: broker outages, service and agent restarts (their events are skipped and
-listed in ``RunReport.skipped``), the agents' fast path, ack latency and solve time.
+Outages. While the broker or the service is down no state reaches the service and no plan
+reaches an agent: each port's latest state (and the fault set) is delivered when both are back
+(agents re-publish their current state on reconnect; a new service instance reads the retained
+ones for ``startup_settle_s``), and a solve that came due meanwhile runs then. An agent that is
+down watches nothing (its host keeps its routes); restarted, it reads every port afresh, with
+no flap history. The oracle does not settle during an outage (``settles_skipped``): nobody can
+know what nobody reports; it checks again once everything is back.
+
+Not modelled here: the agents' fast path, ack latency and solve time (``linkguard sim run
+--bus`` runs the real agents and service over a real bus for those).
 """
 
 from __future__ import annotations
@@ -32,17 +41,38 @@ from dataclasses import asdict, dataclass, field
 from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
 from linkguard.config import ServiceSettings
 from linkguard.drivers.base import PortObservation
-from linkguard.models import CableRef, FabricFaults, PhysState, PortStateName, PortStatus
+from linkguard.models import (
+    CableRef,
+    FabricFaults,
+    PhysState,
+    PortState,
+    PortStateName,
+    PortStatus,
+)
 from linkguard.simulations.oracle import check, pairs_to_check
 from linkguard.simulations.scenario import Event, LoadedScenario, expand
+from linkguard.topology.backoff import SolveBackoff
 from linkguard.topology.health import SwitchModel
 from linkguard.topology.state import FabricState
 
 __all__ = ["MAX_MISMATCHES", "MODELLED", "ExpectResult", "FaultTiming", "RunReport", "run"]
 
-#: Event kinds the engine replays; the others are skipped with a note.
+#: Event kinds the engine replays; the others are skipped with a note (none left today).
 MODELLED = frozenset(
-    {"port_down", "port_up", "switch_down", "switch_up", "cables_down", "cables_up"}
+    {
+        "port_down",
+        "port_up",
+        "switch_down",
+        "switch_up",
+        "cables_down",
+        "cables_up",
+        "broker_down",
+        "broker_up",
+        "service_down",
+        "service_up",
+        "agent_down",
+        "agent_up",
+    }
 )
 
 #: Mismatches kept verbatim in a report (all are counted).
@@ -52,6 +82,7 @@ MAX_MISMATCHES = 20
 WALL0 = 1_700_000_000.0
 
 _HELD = (PortStatus.HELD_DOWN, PortStatus.SUPPRESSED)
+_ACTIVE_READING = (PortStateName.ACTIVE, PhysState.LINK_UP)
 
 #: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
 Transition = tuple[int, float]
@@ -92,12 +123,15 @@ class RunReport:
     path: str
     duration_s: float
     debounce_ms: float
+    #: the service's RFC 8405 solve back-off: initial, short (``debounce_ms``), long delay (ms)
+    solve_delays_ms: list[float] = field(default_factory=list)
     events: int = 0
     skipped: list[str] = field(default_factory=list)
     solves: int = 0
     reroutes: int = 0
     plans_per_host: dict[str, int] = field(default_factory=dict)
     settles: int = 0
+    settles_skipped: int = 0
     mismatch_count: int = 0
     mismatches: list[str] = field(default_factory=list)
     faults: list[FaultTiming] = field(default_factory=list)
@@ -136,8 +170,9 @@ class RunReport:
         timed = [f.reroute_ms for f in self.faults if f.reroute_ms is not None]
         lines = [
             f"{self.scenario}: {'PASSED' if self.passed else 'FAILED'}",
-            f"  {self.events} events in {self.duration_s:g} s simulated, debounce "
-            f"{self.debounce_ms:g} ms; {self.solves} solves, {self.reroutes} reroutes",
+            f"  {self.events} events in {self.duration_s:g} s simulated, solve back-off "
+            f"{'/'.join(f'{d:g}' for d in self.solve_delays_ms)} ms; {self.solves} solves, "
+            f"{self.reroutes} reroutes",
             f"  plans: {self.plans_total} published, at most {self.plans_max_per_host} per host, "
             f"{self.max_plans_per_host_per_event} per host per event",
             f"  down transitions: {len(self.faults)}, rerouted {len(timed)}"
@@ -147,7 +182,10 @@ class RunReport:
             f"  re-admitted {r['host']} rail {r['rail']} at {r['at_s']:g} s"
             for r in self.readmissions
         ]
-        lines.append(f"  oracle: {self.settles} settles, {self.mismatch_count} mismatches")
+        skipped = (
+            f" ({self.settles_skipped} skipped during outages)" if self.settles_skipped else ""
+        )
+        lines.append(f"  oracle: {self.settles} settles{skipped}, {self.mismatch_count} mismatches")
         lines += [f"    {m}" for m in self.mismatches[:5]]
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")
@@ -165,11 +203,11 @@ class _Run:
         self.loaded = loaded
         self.fabric = fabric
         self.policy = sc.damping or DampingPolicy()
-        self.debounce_s = (
-            sc.debounce_ms
-            if sc.debounce_ms is not None
-            else ServiceSettings.model_fields["debounce_ms"].default
-        ) / 1000
+        svc = ServiceSettings()
+        if sc.debounce_ms is not None:
+            svc = svc.model_copy(update={"debounce_ms": sc.debounce_ms})
+        self.debounce_s = svc.debounce_ms / 1000
+        self.backoff = SolveBackoff(svc.backoff_policy())
         self.state = FabricState(fabric=fabric, epoch_start=1)
         self.switch_model = SwitchModel(fabric)
         self.monitors: dict[str, PortMonitor] = {}
@@ -180,8 +218,21 @@ class _Run:
         self.touched: set[str] = set()  # hosts with a port event after time 0
         self.switches_down: set[str] = set()
         self.cables_down: dict[tuple[str, str], CableRef] = {}
+        self.faults_now = FabricFaults(switches_down=[], cables_down=[], at=WALL0)
+        self.fault_causes: set[Transition] = set()
+        #: (host, rail) -> the port's current (state, phys_state); absent: ACTIVE/LinkUp
+        self.readings: dict[tuple[str, int], tuple[PortStateName, PhysState]] = {}
         self.last_transition: dict[tuple[str, int], Transition] = {}
         self.pending_at: float | None = None  # when the debounced solve runs
+        self.settle_s = svc.startup_settle_s
+        self.broker_up = True
+        self.service_up = True
+        self.agents_down: set[str] = set()
+        #: states published while the broker or the service is away, latest per port: what
+        #: the service finds (retained, or re-published on reconnect) when both are back
+        self.undelivered: dict[tuple[str, str], PortState] = {}
+        self.faults_undelivered = False
+        self.blocked = False  # a solve came due while it could not run or publish
         self.causes: set[Transition] = set()  # transitions batched into the pending solve
         self.down: dict[Transition, str] = {}  # down transitions -> timeline kind
         self.timing: dict[Transition, float | None] = {}
@@ -191,6 +242,7 @@ class _Run:
             path=str(loaded.path),
             duration_s=sc.duration_s,
             debounce_ms=self.debounce_s * 1000,
+            solve_delays_ms=[svc.solve_initial_delay_ms, svc.debounce_ms, svc.solve_long_delay_ms],
         )
 
     # -- agents --------------------------------------------------------------------------------
@@ -208,6 +260,7 @@ class _Run:
             self._handle(inv.host, mon.observe(batch, now=0.0, wall=WALL0), 0.0)
         self.state.solve(WALL0)  # the full build: every host's first plan
         self.pending_at = None
+        self.backoff = SolveBackoff(self.backoff.policy)
         self.causes.clear()
         self._settle(0.0)
 
@@ -234,13 +287,23 @@ class _Run:
             if ev.current == PortStatus.UP and ev.previous in _HELD:
                 self.report.readmissions.append({"host": host, "rail": ev.rail, "at_s": t})
         for st in out.states:
-            if self.state.on_port_state(st):
-                rail = self.rail_of[(host, st.key)]
-                self._dirty(t, self.last_transition.get((host, rail)))
+            if not self._reachable():
+                self.undelivered[(host, st.key)] = st
+                continue
+            self._deliver(st, t)
 
-    def _dirty(self, t: float, cause: Transition | None) -> None:
-        if self.pending_at is None:
-            self.pending_at = t + self.debounce_s
+    def _deliver(self, st: PortState, t: float) -> None:
+        if self.state.on_port_state(st):
+            rail = self.rail_of[(st.host, st.key)]
+            urgent = st.status != PortStatus.UP
+            self._dirty(t, self.last_transition.get((st.host, rail)), urgent=urgent)
+
+    def _reachable(self) -> bool:
+        """Whether a state published now reaches the service (broker and service both up)."""
+        return self.broker_up and self.service_up
+
+    def _dirty(self, t: float, cause: Transition | None, *, urgent: bool = True) -> None:
+        self.pending_at = self.backoff.on_change(t, urgent=urgent)
         if cause is not None:
             self.causes.add(cause)
 
@@ -254,7 +317,7 @@ class _Run:
             )
             return
         self.report.events += 1
-        if e.kind.endswith("_down"):
+        if e.kind in ("port_down", "switch_down", "cables_down"):
             self.down.setdefault(cause, self.loaded.scenario.timeline[e.entry].kind)
         if e.kind.startswith("port_"):
             assert e.host is not None and e.rail is not None and e.state and e.phys_state
@@ -262,9 +325,38 @@ class _Run:
             self.touched.add(e.host)
             (self.raw_down.add if e.kind == "port_down" else self.raw_down.discard)(key)
             self.last_transition[key] = cause
+            self.readings[key] = (e.state, e.phys_state)
+            if e.host in self.agents_down:
+                return  # nobody watches the port: the restarted agent reads it
             obs = self._reading(e.host, e.rail, e.state, e.phys_state, t)
             out = self.monitors[e.host].observe([obs], now=t, wall=WALL0 + t)
             self._handle(e.host, out, t)
+            return
+        if e.kind in ("broker_down", "service_down"):
+            if e.kind == "broker_down":
+                self.broker_up = False
+            else:
+                self.service_up = False
+            return
+        if e.kind in ("broker_up", "service_up"):
+            if e.kind == "broker_up":
+                self.broker_up = True
+            else:
+                self.service_up = True
+                # a new instance: it collects the retained states for startup_settle_s, then
+                # solves; its back-off starts quiet
+                self.backoff = SolveBackoff(self.backoff.policy)
+            self._recover(t, settle_s=self.settle_s if e.kind == "service_up" else 0.0)
+            return
+        if e.kind == "agent_down":
+            assert e.host is not None
+            self.agents_down.add(e.host)
+            self.deadlines[e.host] = None  # its timers died with it
+            return
+        if e.kind == "agent_up":
+            assert e.host is not None
+            self.agents_down.discard(e.host)
+            self._start_agent(e.host, t)
             return
         if e.kind == "switch_down":
             self.switches_down.add(e.switch)  # type: ignore[arg-type]
@@ -281,10 +373,53 @@ class _Run:
             cables_down=list(self.cables_down.values()),
             at=WALL0 + t,
         )
+        self.faults_now = faults
+        if not self._reachable():
+            self.faults_undelivered = True  # retained: the service reads it when it is back
+            self.fault_causes.add(cause)
+            return
+        self._deliver_faults(t, cause)
+
+    def _deliver_faults(self, t: float, cause: Transition | None) -> None:
         before = self.state.health.unusable if self.state.health else {}
-        health = self.state.on_fabric_faults(faults)
+        health = self.state.on_fabric_faults(self.faults_now)
         if health.unusable != before:
             self._dirty(t, cause)
+
+    def _recover(self, t: float, *, settle_s: float) -> None:
+        """Broker or service back: if both are, the service gets every port's latest state
+        and the fault set, then solves (after ``settle_s``, a new instance's startup
+        settle); with nothing to change, the oracle settles at once."""
+        if not self._reachable():
+            return
+        pending, self.undelivered = self.undelivered, {}
+        for st in pending.values():
+            self._deliver(st, t)
+        if self.faults_undelivered:
+            self.faults_undelivered = False
+            causes, self.fault_causes = self.fault_causes, set()
+            self._deliver_faults(t, None)
+            self.causes |= causes
+        if self.blocked or self.state.dirty:
+            self.blocked = False
+            self._dirty(t, None)
+        if self.pending_at is not None:
+            self.pending_at = max(self.pending_at, t + settle_s)
+        elif not self.agents_down:
+            self._settle(t)
+
+    def _start_agent(self, host: str, t: float) -> None:
+        """A restarted agent: a new monitor (no flap history) reads every port as it is now."""
+        inv = self.fabric.host(host)
+        mon = PortMonitor(host=host, policy=self.policy, rails={c.key: c.rail for c in inv.hcas})
+        self.monitors[host] = mon
+        batch = [
+            self._reading(host, c.rail, *self.readings.get((host, c.rail), _ACTIVE_READING), t)
+            for c in inv.hcas
+        ]
+        self._handle(host, mon.observe(batch, now=t, wall=WALL0 + t), t)
+        if self.pending_at is None and not self.agents_down and self._reachable():
+            self._settle(t)  # nothing changed while it was away
 
     def tick(self, host: str, t: float) -> None:
         self._handle(host, self.monitors[host].tick(now=t, wall=WALL0 + t), t)
@@ -292,6 +427,10 @@ class _Run:
     # -- service ---------------------------------------------------------------------------------
     def solve(self, t: float) -> None:
         self.pending_at = None
+        if not (self.broker_up and self.service_up):
+            self.blocked = True  # no service to solve, or no bus to carry its plans
+            return
+        self.backoff.started(t)
         causes, self.causes = self.causes, set()
         solved = self.state.solve(WALL0 + t)
         self.report.solves += 1
@@ -324,6 +463,9 @@ class _Run:
 
     def _settle(self, t: float) -> None:
         if not self.loaded.scenario.expect.reachability:
+            return
+        if self.agents_down or not self._reachable():
+            self.report.settles_skipped += 1  # the model cannot know what nobody reports
             return
         self.report.settles += 1
         truth = self.truth()
@@ -416,7 +558,7 @@ def run(loaded: LoadedScenario) -> RunReport:
             sim.event(events[i])
             i += 1
         for host, d in list(sim.deadlines.items()):
-            if d is not None and d <= t:
+            if d is not None and d <= t and host not in sim.agents_down:
                 sim.tick(host, t)
         if sim.pending_at is not None and sim.pending_at <= t:
             sim.solve(t)

@@ -2,7 +2,9 @@
 
 Tasks: ``bus`` (subscribes to every host topic, to retained plans, to ``fabric/faults`` and
 to ``service/health``, for the faults a previous instance accepted) and ``solver`` (waits for
-a state change, batches changes for ``debounce_ms``, solves, publishes the changed plans
+a state change, waits as the RFC 8405 back-off says (:mod:`linkguard.topology.backoff`:
+``solve_initial_delay_ms`` after a quiet period, then ``debounce_ms`` batches, then
+``solve_long_delay_ms`` while changes keep coming), solves, publishes the changed plans
 retained with a new epoch) and ``auditor`` (the fleet audit, retained on ``service/audit``).
 Retained plans of hosts the fabric does not list (the fleet shrank, or a service ran on
 another fabric) are deleted from the broker after the startup settle
@@ -37,12 +39,14 @@ from linkguard.models import (
     HostStatus,
     Plan,
     PortState,
+    PortStatus,
     ServiceStatus,
     decode,
     encode,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.topology.audit import audit, format_json, inventory_problems
+from linkguard.topology.backoff import SolveBackoff
 from linkguard.topology.fabric import (
     Fabric,
     check_servable,
@@ -128,6 +132,8 @@ class TopologyService:
         self._health_degraded: list[int] = []  # degraded_rails as last published
         self._audit_kick = asyncio.Event()
         self._kick = asyncio.Event()
+        #: when to solve after a change (RFC 8405 back-off, ``solve_*`` and ``debounce_ms``)
+        self.backoff = SolveBackoff(settings.backoff_policy())
         self._stop = asyncio.Event()
         self._started = time.monotonic()
         self.me = Me()
@@ -171,7 +177,11 @@ class TopologyService:
             "topology_starting",
             fabric=self.fabric.name,
             hosts=len(self.fabric.hosts),
-            debounce_ms=self.settings.debounce_ms,
+            solve_delays_ms=[
+                self.settings.solve_initial_delay_ms,
+                self.settings.debounce_ms,
+                self.settings.solve_long_delay_ms,
+            ],
         )
         tasks = [
             asyncio.create_task(self.bus.run(), name="bus"),
@@ -317,7 +327,7 @@ class TopologyService:
                     status=obj.status.value,
                     reason=obj.reason,
                 )
-                self._kick.set()
+                self._changed(urgent=obj.status != PortStatus.UP)
         elif isinstance(obj, HostStatus):
             self.state.on_host_status(obj)
             self._audit_kick.set()
@@ -451,7 +461,7 @@ class TopologyService:
             **health.summary(),
         )
         if self.state.dirty:
-            self._kick.set()
+            self._changed()
 
     async def _refuse(self, msg: BusMessage, reason: str, detail: str) -> None:
         """Refuse a ``fabric/faults`` message (dropped, counted, logged as
@@ -558,15 +568,24 @@ class TopologyService:
         await self._clear_stale_plans()
         while True:
             # clear before solving: a change that arrives during the solve (it runs in a
-            # thread) leaves the kick set, so it gets its own solve right after
+            # thread) leaves the kick set and schedules its own solve
             self._kick.clear()
+            self.backoff.started(time.monotonic())
             if self.state.dirty:
                 await self._solve_and_publish()
                 if self._degraded_rails() != self._health_degraded:
                     await self._publish_health()  # why multipaths now avoid (or use) a rail
             await self._kick.wait()
-            if self.settings.debounce_ms > 0:
-                await asyncio.sleep(self.settings.debounce_ms / 1000)
+            due = self.backoff.due
+            if due is not None and due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+
+    def _changed(self, *, urgent: bool = True) -> None:
+        """A change that needs a solve: schedule it (RFC 8405 back-off) and wake the solver.
+        ``urgent``: something went out of use (see :meth:`SolveBackoff.on_change`)."""
+        due = self.backoff.on_change(time.monotonic(), urgent=urgent)
+        self._kick.set()
+        log.debug("solve_scheduled", state=self.backoff.state.value, due_in_ms=_ms_until(due))
 
     async def _solve_and_publish(self) -> None:
         t0 = time.monotonic()
@@ -612,6 +631,10 @@ def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:
         with contextlib.suppress(ValueError, RecursionError):
             return json.loads(payload)
     return payload[:limit].decode(errors="replace")
+
+
+def _ms_until(t: float) -> float:
+    return round(max(0.0, t - time.monotonic()) * 1000, 1)
 
 
 def _head(items: Iterable[str], n: int = 50) -> list[str]:
