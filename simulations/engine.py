@@ -36,6 +36,7 @@ Not modelled here: the agents' fast path, ack latency and solve time (``linkguar
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
@@ -536,15 +537,24 @@ class _Run:
         return out
 
 
-def run(loaded: LoadedScenario) -> RunReport:
+def run(
+    loaded: LoadedScenario,
+    *,
+    progress: Callable[[float], None] | None = None,
+    progress_steps: int = 10,
+) -> RunReport:
     """Replay ``loaded`` (see the module docstring) and return its :class:`RunReport`.
     Deterministic: the same scenario gives the same report. Events, monitor deadlines and
     solves up to ``duration_s`` are processed in time order (at one instant: events, then due
-    monitor timers, then a due solve); a solve still pending at the end is made."""
+    monitor timers, then a due solve); a solve still pending at the end is made.
+    ``progress`` is called with the simulated time reached (s) each time another
+    1/``progress_steps`` of ``duration_s`` is done, and at the end."""
     sim = _Run(loaded)
     sim.start()
     events = expand(loaded)
     end = loaded.scenario.duration_s
+    steps = max(1, progress_steps)
+    k = 1  # the next progress report is at k/steps of the run
     i = 0
     while True:
         times = [] if i >= len(events) else [events[i].at_s]
@@ -554,6 +564,9 @@ def run(loaded: LoadedScenario) -> RunReport:
         if not times:
             break
         t = min(times)
+        while progress is not None and k < steps and t >= end * k / steps:
+            progress(end * k / steps)
+            k += 1
         while i < len(events) and events[i].at_s <= t:
             sim.event(events[i])
             i += 1
@@ -562,4 +575,9 @@ def run(loaded: LoadedScenario) -> RunReport:
                 sim.tick(host, t)
         if sim.pending_at is not None and sim.pending_at <= t:
             sim.solve(t)
+    while progress is not None and k < steps:
+        progress(end * k / steps)  # nothing left to happen: the rest of the run is done
+        k += 1
+    if progress is not None:
+        progress(end)
     return sim.finish()

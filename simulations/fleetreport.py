@@ -531,7 +531,13 @@ def simulate(
         f"replaying {len(sc.timeline)} timeline entries through the engine"
         + (" with the oracle" if oracle else "")
     )
-    report = run(ft.loaded)
+
+    def replayed(t: float) -> None:
+        done = t / duration_s if duration_s else 1.0
+        bar = "#" * round(done * 20)
+        say(f"replay [{bar:<20}] {done:4.0%} (day {t / 86_400:.1f} of {duration_s / 86_400:g})")
+
+    report = run(ft.loaded, progress=replayed if progress else None)
     say("costing outages, re-solving the worst moment")
     rep = fleet_report(ft, report)
     rep.wall_s = round(time.perf_counter() - t0, 3)

@@ -156,3 +156,11 @@ def test_a_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     path.write_text("schema: linkguard.scenario/v0\n")
     assert main(["sim", "run", str(path)]) == 2
     assert "this linkguard reads `schema: linkguard.scenario/v1`" in capsys.readouterr().err
+
+
+def test_progress_reports_each_tenth_of_the_simulated_time() -> None:
+    seen: list[float] = []
+    r = run(golden("flapping-link"), progress=seen.append)
+    assert r.passed
+    # 30 s simulated: every 3 s that the replay passed, then the end
+    assert seen == pytest.approx([3.0 * k for k in range(1, 11)])
