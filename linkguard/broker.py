@@ -87,7 +87,8 @@ class MosquittoProcess:
 
     ``MosquittoProcess(workdir)`` writes ``workdir/mosquitto.conf`` (loopback listener,
     anonymous, no persistence, ``max_queued_messages 100000``, ``max_inflight_messages 0``:
-    Mosquitto's default queue of 1000 silently drops QoS 1 messages under fan-in) and
+    Mosquitto's default queue of 1000 silently drops QoS 1 messages under fan-in;
+    ``set_tcp_nodelay true``: no Nagle delay on the broker's writes) and
     :meth:`start` runs it. :meth:`stop` then :meth:`start` again is a broker outage: the same
     port, retained messages lost (as a Mosquitto without persistence loses them).
     ``port=0`` picks a free port once, kept across restarts. Raises FileNotFoundError when
@@ -118,6 +119,7 @@ class MosquittoProcess:
             "persistence false\n"
             "max_queued_messages 100000\n"
             "max_inflight_messages 0\n"
+            "set_tcp_nodelay true\n"
             f"log_dest file {self.log}\n"
             "log_type error\nlog_type warning\n"
         )

@@ -12,6 +12,7 @@
   linkguard sim check              validate scenario files (fabric, fault timeline, expectations)
   linkguard sim run                replay a scenario on a simulated clock and check it (oracle)
   linkguard sim fleet              published failure rates on a generated fleet: cost with/without
+  linkguard sim lab                replay a scenario on network namespaces (real kernel, agents)
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
 faults``: broker unreachable), 2 bad usage or configuration.
@@ -587,12 +588,57 @@ def build_parser() -> argparse.ArgumentParser:
         "port monitor per host, the real service state and solver (one solve per debounce "
         "window, plans applied at once), the oracle after every solve. Prints solves, plans "
         "per host, reroute times, re-admissions, oracle mismatches and which `expect` held. "
-        "Broker, service and agent outages are not modelled yet (skipped, listed).",
-        epilog="Exit codes: 0 passed, 1 an oracle mismatch or an expectation failed, 2 the "
-        "file is not a valid scenario.",
+        "Broker, service and agent outages are not modelled yet (skipped, listed). With "
+        "--bus mosquitto or memory, the scenario runs in real time on a simulated fleet instead: "
+        "the real service and one real agent per host (simulated ports, in-memory route "
+        "tables) over a private Mosquitto or the in-memory broker, outages included; it adds "
+        "the fast path and down -> first/last ack times, and the oracle checks the routes the "
+        "agents installed.",
+        epilog="Exit codes: 0 passed, 1 an oracle mismatch or an expectation failed (or the "
+        "fleet could not start), 2 the file is not a valid scenario.",
     )
     sr.add_argument("file", type=Path, metavar="FILE", help="scenario file (YAML)")
     sr.add_argument("--json", action="store_true", help="print the report as JSON")
+    sr.add_argument(
+        "--bus",
+        choices=["model", "mosquitto", "memory"],
+        default="model",
+        help="model: the simulated-clock replay (default); mosquitto / memory: real time over "
+        "a real bus (linkguard.simulations.live)",
+    )
+    sl = simsub.add_parser(
+        "lab",
+        help="replay a scenario on network namespaces: real kernel, agents, service, Mosquitto",
+        description="Build the scenario's fabric from network namespaces (a namespace per "
+        "host, a bridge per leaf, a spine bridge per rail when there are several SUs), start a "
+        "private Mosquitto, the topology service and one agent per host, send UDP flows between "
+        "GPU endpoints and replay the scenario's events in real time (links down/up in the "
+        "kernel, switch faults published and cut in the fabric, broker/service/agent killed "
+        "and restarted). Prints per fault the gap in each affected flow, datagrams lost and the "
+        "time to the last ack, and the oracle's mismatches (UDP probes between endpoints vs "
+        "the model's reachability after every settle). Needs root; generated fabrics of at "
+        "most 32 hosts and 16 rails.",
+        epilog="Exit codes: 0 passed (--no-linkguard: the run completed), 1 an oracle mismatch, "
+        "a failed expectation (max_reroute_ms applies to the data-plane gap) or a process that "
+        "died, 2 not root, not a valid scenario or a scenario the lab cannot build.",
+    )
+    sl.add_argument("file", type=Path, metavar="FILE", help="scenario file (YAML)")
+    sl.add_argument(
+        "--no-linkguard",
+        action="store_true",
+        help="baseline: no agents or service, static routes via each endpoint's home rail; "
+        "shows how long flows stay broken without rerouting (mismatches are not failures)",
+    )
+    sl.add_argument("--json", type=Path, metavar="F", help="also write the report as JSON to F")
+    sl.add_argument(
+        "--workdir",
+        type=Path,
+        metavar="D",
+        help="configs, logs and flow records go to D (kept); default a temporary directory",
+    )
+    sl.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory (its path is printed)"
+    )
     sf = simsub.add_parser(
         "fleet",
         help="random faults at published rates on a generated fleet; job cost with/without",
@@ -682,7 +728,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _broker(args)
 
     if args.command == "sim":
-        handler = {"run": _sim_run, "fleet": _sim_fleet}.get(args.sim_command, _sim_check)
+        handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
+            args.sim_command, _sim_check
+        )
         return handler(args)
 
     from linkguard.presence import DuplicateInstanceError
@@ -957,13 +1005,88 @@ def _sim_run(args: argparse.Namespace) -> int:
         loaded = load_scenario(args.file)
     except ScenarioError as exc:
         return _fail(str(exc), 2)
-    report = run(loaded)
+    if args.bus == "model":
+        report = run(loaded)
+    else:
+        from linkguard.logs import configure_logging
+        from linkguard.simulations import live
+
+        configure_logging("console", "warning")
+        try:
+            report = asyncio.run(live.run(loaded, bus=args.bus))
+        except (OSError, ImportError, TimeoutError) as exc:
+            return _fail(f"sim run --bus {args.bus}: {exc}", 1)
     if args.json:
         import json
 
         print(json.dumps(report.to_dict(), indent=2))
     else:
         sys.stdout.write(report.text())
+    return 0 if report.passed else 1
+
+
+def _sim_lab(args: argparse.Namespace) -> int:
+    """``sim lab``: replay one scenario on a namespace lab
+    (:func:`linkguard.simulations.labrun.run_lab`), progress on stderr, the report on stdout
+    (and as JSON with --json). 0 passed, 1 failed, 2 cannot run here or not a valid scenario.
+    SIGTERM and SIGINT (Ctrl-C) cancel the run; its teardown removes the lab (exit 143 / 130)."""
+    import json
+    import signal
+
+    from linkguard.logs import configure_logging
+    from linkguard.simulations.lab import LabError
+    from linkguard.simulations.labprocs import LabProcessError
+    from linkguard.simulations.labrun import (
+        LabReport,
+        LabRunError,
+        check_lab_scenario,
+        run_lab,
+    )
+    from linkguard.simulations.labrun import stderr_progress as lab_progress
+    from linkguard.simulations.scenario import ScenarioError, load_scenario
+
+    try:
+        loaded = load_scenario(args.file)
+        check_lab_scenario(loaded)
+    except (ScenarioError, LabRunError) as exc:
+        return _fail(str(exc), 2)
+    configure_logging("console", "warning")
+
+    stopped_by: list[str] = []
+
+    async def main() -> LabReport:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # cancel the run: its teardown runs
+
+            def stop(name: str = sig.name) -> None:
+                stopped_by.append(name)
+                task.cancel()
+
+            loop.add_signal_handler(sig, stop)
+        return await run_lab(
+            loaded,
+            linkguard=not args.no_linkguard,
+            workdir=args.workdir,
+            keep=args.keep,
+            progress=lab_progress(),
+        )
+
+    try:
+        report = asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        name = stopped_by[0] if stopped_by else "SIGINT"
+        code = 143 if name == "SIGTERM" else 130
+        return _fail(f"sim lab: stopped ({name}); the lab was torn down", code)
+    except (LabProcessError, LabError) as exc:
+        return _fail(f"sim lab failed (the lab was torn down): {exc}", 1)
+    sys.stdout.write(report.text())
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"sim lab: cannot write {args.json}: {exc}", 1)
     return 0 if report.passed else 1
 
 

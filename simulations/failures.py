@@ -99,6 +99,12 @@ class FailureModel:
     max(its duration, this). HPN (SIGCOMM 2024, section 2) measured > 9 s of halted training per
     single-ToR flap; 0 (the blip's own duration, as the issue's model says) keeps the
     comparison conservative. Set 9 for HPN's figure."""
+    reroute_floor_s: float = 0.05
+    """With linkguard, a rerouted outage stalls the job for max(the engine's time to reroute,
+    this). The engine's time is the service's solve schedule only (its plans apply at once);
+    this is the data-plane gap measured end to end on real kernels: p99 48.4 ms of the flow into
+    the failed rail over 50 single link faults (``benchmarks/lab_gap.py``, 4 hosts x 4 rails,
+    real agents, service and Mosquitto, 2 cores), rounded up to 50 ms."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.flap_fraction <= 1:
@@ -125,6 +131,7 @@ class FailureModel:
                 "restart_s": self.restart_s,
                 "checkpoint_interval_s": self.checkpoint_interval_s,
                 "blip_stall_floor_s": self.blip_stall_floor_s,
+                "reroute_floor_s": self.reroute_floor_s,
             }.items()
             if not (math.isfinite(v) and v >= 0)
         ]

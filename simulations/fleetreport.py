@@ -17,8 +17,9 @@ The job model (one synchronous job on every GPU of the fabric; times in s):
   (:attr:`~linkguard.simulations.failures.FailureModel.restart_cost_s`); the restart is assumed
   to replace the broken host (spares), so how long the link then stays down does not matter. A
   shorter outage stalls the job for its length (at least ``blip_stall_floor_s``).
-- **With linkguard**, an outage costs the job its time to reroute (the engine's, the service's
-  debounce) when every affected host keeps a usable rail, and nothing when no reroute was
+- **With linkguard**, an outage costs the job its time to reroute (the engine's: the service's
+  solve schedule, at least ``reroute_floor_s``, the data-plane gap measured in the namespace
+  lab) when every affected host keeps a usable rail, and nothing when no reroute was
   needed (the port was already held down). This assumes the job follows the rail map (issue 7:
   NCCL uses the GPU -> HCA assignment linkguard publishes); otherwise NCCL's own timeout applies
   and the job fares as without. An outage that leaves a host with no usable rail costs as
@@ -215,7 +216,7 @@ def cost_with(found: list[Outage], model: FailureModel, *, gpus: int, duration_s
         if o.isolated:
             spans.append(_no_linkguard(o, model))
         elif o.reroute_ms is not None:
-            spans.append((o.at_s, o.reroute_ms / 1000, False))
+            spans.append((o.at_s, max(o.reroute_ms / 1000, model.reroute_floor_s), False))
     return _cost(spans, gpus, duration_s)
 
 
@@ -379,7 +380,11 @@ class FleetReport:
             if t["count"]
             else "none"
         )
-        lines.append(f"  reroutes {self.reroutes} ({self.solves} solves); time to reroute {ttr}")
+        lines.append(
+            f"  reroutes {self.reroutes} ({self.solves} solves); time to solve {ttr} (each "
+            f"stall charged at least {self.model.reroute_floor_s * 1000:g} ms, the data-plane "
+            "gap measured in the namespace lab)"
+        )
         lines.append(
             f"  needless reroutes: {self.needless_reroutes} (downs shorter than one RC "
             f"retransmit timeout, {self.model.ride_out_s:.2f} s, that still moved traffic)"

@@ -9,10 +9,22 @@ Shape (DESIGN.md, "A lab on one machine")::
     <prefix>fab   the fabric: one Linux bridge per rail (``leaf<r>``, the rail-r leaf) with the
                   fabric ends of the rail-r veths (``h<h>r<r>``) enslaved to it
 
+:meth:`Lab.from_fabric` builds the same from a fabric model (generated, rail-optimized): its host
+names, HCA addresses, endpoints and netdevs; one leaf bridge per leaf switch (``l<su>r<rail>``)
+and, when a rail has several leaves (several SUs), one spine bridge per rail (``sp<rail>``)
+joined to each of that rail's leaves by one veth (``l<su>r<rail>u`` on the leaf,
+``l<su>r<rail>d`` on the spine): a tree, no L2 loop. The spine bridge stands for the whole
+spine layer of its rail; :meth:`Lab.uplink_down` cuts a leaf off it.
+
 The main table of a host starts with only the connected /24s: no routes to peer endpoints
 (putting them in is linkguard's job). Both ends of every veth get explicit, distinct ifindexes
 (host end ``10 + r``, fabric end ``1000 + h * rails + r``): with equal ifindexes carrier-down
 reaches the other end about 1 s late (measured here: ~1000 ms vs ~3 ms).
+
+The kernel's ARP table is shared by all namespaces and capped by
+``net.ipv4.neigh.default.gc_thresh3`` (1024): a lab raises the cap to what its hosts may need
+(hosts^2 x (GPUs + rails)) while it exists, or ARP fails past the cap ("neighbor table
+overflow").
 
 Built with ``ip`` (iproute2) subprocess calls: each step is one readable command, and a
 failure names the command and its stderr. Needs root. ``destroy()`` removes every namespace the
@@ -30,9 +42,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from linkguard.topology.fabric import Fabric
 
 __all__ = [
     "Lab",
@@ -89,11 +105,13 @@ class LabRail:
     netdev: str
     address: IPv4Address
     fabric_port: str
+    prefixlen: int = 24
+    leaf: str = ""
 
     @property
     def network(self) -> ipaddress.IPv4Network:
-        """The rail's /24."""
-        return ipaddress.IPv4Network(f"{self.address}/24", strict=False)
+        """The rail's subnet (a /24 in :meth:`Lab.create` labs)."""
+        return ipaddress.IPv4Network(f"{self.address}/{self.prefixlen}", strict=False)
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,27 @@ class LabHost:
     netns: str
     endpoints: list[IPv4Address]
     rails: list[LabRail]
+
+
+@dataclass(frozen=True)
+class _PortSpec:
+    rail: int
+    netdev: str
+    address: IPv4Address
+    prefixlen: int
+    leaf: str  # leaf switch name (a key of Lab.leaves)
+
+
+@dataclass(frozen=True)
+class _HostSpec:
+    name: str
+    endpoints: list[IPv4Address]
+    ports: list[_PortSpec]
+
+
+def _check_prefix(prefix: str) -> None:
+    if not prefix.replace("-", "").isalnum() or len(prefix) > 40:
+        raise ValueError(f"bad namespace prefix {prefix!r}")
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -130,7 +169,12 @@ class Lab:
     namespaces: list[str] = field(default_factory=list)
     #: rail -> endpoint subnet with ``rail_major`` addressing, else empty
     endpoint_subnets: dict[int, ipaddress.IPv4Network] = field(default_factory=dict)
+    #: leaf name -> its bridge in :attr:`fabric_netns` (``leaf<r>`` in :meth:`create` labs)
+    leaves: dict[str, str] = field(default_factory=dict)
+    #: leaf name -> the leaf end of its uplink veth to its rail's spine bridge (multi-SU only)
+    uplinks: dict[str, str] = field(default_factory=dict)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
+    _neigh_restore: list[tuple[Path, int, int]] = field(default_factory=list, repr=False)
 
     # -- building -------------------------------------------------------------------------
 
@@ -161,8 +205,7 @@ class Lab:
         if not 0 <= gpus <= MAX_GPUS:
             raise ValueError(f"gpus_per_host must be 0..{MAX_GPUS}, got {gpus}")
         prefix = prefix or f"lg{secrets.token_hex(3)}"
-        if not prefix.replace("-", "").isalnum() or len(prefix) > 40:
-            raise ValueError(f"bad namespace prefix {prefix!r}")
+        _check_prefix(prefix)
         if rail_major and (hosts * -(-gpus // rails) > 254 or rails > 127):
             raise ValueError("rail-major lab addresses fit 254 endpoints per rail, 127 rails")
         lab = cls(prefix=prefix, fabric_netns=f"{prefix}fab", rails=rails, gpus_per_host=gpus)
@@ -170,66 +213,182 @@ class Lab:
             lab.endpoint_subnets = {
                 r: ipaddress.IPv4Network(f"10.200.{RAIL_MAJOR_BASE + r}.0/24") for r in range(rails)
             }
+        specs = []
+        for h in range(hosts):
+            endpoints = [
+                rail_major_endpoint(h, g, rails, gpus) if rail_major else endpoint_address(h, g)
+                for g in range(gpus)
+            ]
+            ports = [
+                _PortSpec(r, f"rail{r}", rail_address(h, r), 24, f"leaf{r}") for r in range(rails)
+            ]
+            specs.append(_HostSpec(f"host{h}", endpoints, ports))
+        lab.leaves = {f"leaf{r}": f"leaf{r}" for r in range(rails)}
+        lab._create(specs, spines={})
+        return lab
+
+    @classmethod
+    def from_fabric(cls, fabric: Fabric, *, prefix: str | None = None) -> Lab:
+        """Build the lab of ``fabric`` (module docstring): its hosts with their names, HCA
+        addresses (prefix length from ``rail_subnets``, else /24), netdevs and endpoints
+        (:attr:`endpoint_subnets` = the fabric's), its leaves, and a spine bridge per rail
+        that has several leaves. Raises ValueError when the fabric does not fit a lab: more
+        than :data:`MAX_HOSTS` hosts or :data:`MAX_RAILS` rails, an HCA without address or
+        netdev, a host port not cabled to a leaf; :class:`LabError` when a command fails
+        (everything created so far is removed first)."""
+        if len(fabric.hosts) > MAX_HOSTS:
+            raise ValueError(
+                f"a lab holds at most {MAX_HOSTS} hosts, the fabric has {len(fabric.hosts)}"
+            )
+        if len(fabric.rails) > MAX_RAILS:
+            raise ValueError(
+                f"a lab holds at most {MAX_RAILS} rails, the fabric has {len(fabric.rails)}"
+            )
+        leaf_of: dict[str, str] = {}
+        for link in fabric.links:
+            if link.kind == "host-leaf":
+                port, leaf = (link.a, link.b) if ":" in link.a else (link.b, link.a)
+                leaf_of[port] = leaf
+        switches = {s.name: s for s in fabric.switches if s.role == "leaf"}
+        bridges: dict[str, str] = {}
+        for i, name in enumerate(sorted(switches)):
+            sw = switches[name]
+            bridges[name] = (
+                f"l{sw.su}r{sw.rail}" if sw.su is not None and sw.rail is not None else f"lf{i}"
+            )
+        specs = []
+        for inv in fabric.hosts:
+            ports = []
+            for c in inv.hcas:
+                if c.address is None or not c.netdev:
+                    raise ValueError(
+                        f"{inv.host} {c.hca}: a lab port needs an address and a netdev"
+                    )
+                leaf = leaf_of.get(f"{inv.host}:{c.key}")
+                if leaf not in bridges:
+                    raise ValueError(f"{inv.host} {c.hca}/{c.port} is not cabled to a leaf")
+                net = fabric.rail_subnets.get(c.rail)
+                plen = net.prefixlen if net is not None else 24
+                ports.append(_PortSpec(c.rail, c.netdev, c.address, plen, leaf))
+            specs.append(_HostSpec(inv.host, list(inv.endpoints), ports))
+        by_rail: dict[int, list[str]] = {}
+        for name in sorted(switches):
+            if switches[name].rail is not None:
+                by_rail.setdefault(switches[name].rail, []).append(name)  # type: ignore[arg-type]
+        spines = {r: leaves for r, leaves in by_rail.items() if len(leaves) > 1}
+        prefix = prefix or f"lg{secrets.token_hex(3)}"
+        _check_prefix(prefix)
+        lab = cls(
+            prefix=prefix,
+            fabric_netns=f"{prefix}fab",
+            rails=max(fabric.rails) + 1,
+            gpus_per_host=max(len(h.endpoints) for h in fabric.hosts),
+        )
+        lab.endpoint_subnets = dict(fabric.endpoint_subnets)
+        lab.leaves = bridges
+        lab._create(specs, spines=spines)
+        return lab
+
+    def _create(self, specs: list[_HostSpec], *, spines: dict[int, list[str]]) -> None:
         started = time.monotonic()
         try:
-            lab._build(hosts)
+            n = len(specs)
+            self._raise_neigh_limit(n * n * (self.gpus_per_host + self.rails))
+            self._build(specs, spines)
         except BaseException:
-            lab.destroy()
+            self.destroy()
             raise
         log.info(
             "lab_created",
-            prefix=prefix,
-            hosts=hosts,
-            rails=rails,
-            gpus_per_host=gpus,
+            prefix=self.prefix,
+            hosts=len(specs),
+            rails=self.rails,
+            gpus_per_host=self.gpus_per_host,
+            leaves=len(self.leaves),
+            spines=len(spines),
             ms=round((time.monotonic() - started) * 1000, 1),
         )
-        return lab
+
+    def _raise_neigh_limit(self, need: int) -> None:
+        """The kernel's ARP table is one table for all namespaces, limited by
+        ``net.ipv4.neigh.default.gc_thresh3`` (1024 by default): a lab of 16 hosts whose
+        peers resolve each other's endpoints on several rails needs more, and past the limit
+        ARP silently fails ("neighbor table overflow"). Raise gc_thresh2/3 to ``need`` when
+        they are below it; :meth:`destroy` puts the old values back (unless someone changed
+        them meanwhile)."""
+        for key in ("gc_thresh2", "gc_thresh3"):
+            path = Path(f"/proc/sys/net/ipv4/neigh/default/{key}")
+            try:
+                old = int(path.read_text())
+                if old < need:
+                    path.write_text(f"{need}\n")
+                    self._neigh_restore.append((path, old, need))
+                    log.info("lab_neigh_limit_raised", key=key, old=old, new=need)
+            except (OSError, ValueError) as exc:
+                log.warning("lab_neigh_limit_unchanged", key=key, error=str(exc))
+
+    def _restore_neigh_limit(self) -> None:
+        for path, old, mine in reversed(self._neigh_restore):
+            with contextlib.suppress(OSError, ValueError):
+                if int(path.read_text()) == mine:
+                    path.write_text(f"{old}\n")
+        self._neigh_restore.clear()
 
     def _add_netns(self, name: str) -> None:
         _run(["ip", "netns", "add", name])
         self.namespaces.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
-    def _build(self, hosts: int) -> None:
+    def _build(self, specs: list[_HostSpec], spines: dict[int, list[str]]) -> None:
         fab = self.fabric_netns
         self._add_netns(fab)
-        for r in range(self.rails):
-            _run(["ip", "-n", fab, "link", "add", f"leaf{r}", "type", "bridge"])
-            _run(["ip", "-n", fab, "link", "set", f"leaf{r}", "up"])
-        for h in range(hosts):
+        for bridge in self.leaves.values():
+            _run(["ip", "-n", fab, "link", "add", bridge, "type", "bridge"])
+            _run(["ip", "-n", fab, "link", "set", bridge, "up"])
+        for rail, leaves in sorted(spines.items()):
+            spine = f"sp{rail}"
+            _run(["ip", "-n", fab, "link", "add", spine, "type", "bridge"])
+            _run(["ip", "-n", fab, "link", "set", spine, "up"])
+            for leaf in leaves:
+                up, down = f"{self.leaves[leaf]}u", f"{self.leaves[leaf]}d"
+                _run(["ip", "-n", fab, "link", "add", up, "type", "veth", "peer", "name", down])
+                _run(["ip", "-n", fab, "link", "set", up, "master", self.leaves[leaf], "up"])
+                _run(["ip", "-n", fab, "link", "set", down, "master", spine, "up"])
+                self.uplinks[leaf] = up
+        for h, spec in enumerate(specs):
             ns = f"{self.prefix}h{h}"
             self._add_netns(ns)
             # before the veths exist, so they inherit it from "default" as well
             self._sysctl(ns, ["all", "default", "lo"])
-            g_n = self.gpus_per_host
-            endpoints = [
-                rail_major_endpoint(h, g, self.rails, g_n)
-                if self.endpoint_subnets
-                else endpoint_address(h, g)
-                for g in range(g_n)
-            ]
-            for ep in endpoints:
+            for ep in spec.endpoints:
                 _run(["ip", "-n", ns, "addr", "add", f"{ep}/32", "dev", "lo"])
             lab_rails = []
-            for r in range(self.rails):
-                netdev, port = f"rail{r}", f"h{h}r{r}"
+            for p in spec.ports:
+                port = f"h{h}r{p.rail}"
                 _run(
                     [
-                        "ip", "-n", ns, "link", "add", netdev,
-                        "index", str(HOST_IFINDEX_BASE + r),
+                        "ip", "-n", ns, "link", "add", p.netdev,
+                        "index", str(HOST_IFINDEX_BASE + p.rail),
                         "type", "veth", "peer", "name", port, "netns", fab,
-                        "index", str(FABRIC_IFINDEX_BASE + h * self.rails + r),
+                        "index", str(FABRIC_IFINDEX_BASE + h * self.rails + p.rail),
                     ]
                 )  # fmt: skip
-                _run(["ip", "-n", fab, "link", "set", port, "master", f"leaf{r}", "up"])
-                addr = rail_address(h, r)
-                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", netdev])
-                _run(["ip", "-n", ns, "link", "set", netdev, "up"])
-                lab_rails.append(LabRail(rail=r, netdev=netdev, address=addr, fabric_port=port))
+                _run(["ip", "-n", fab, "link", "set", port, "master", self.leaves[p.leaf], "up"])
+                _run(["ip", "-n", ns, "addr", "add", f"{p.address}/{p.prefixlen}", "dev", p.netdev])
+                _run(["ip", "-n", ns, "link", "set", p.netdev, "up"])
+                lab_rails.append(
+                    LabRail(
+                        rail=p.rail,
+                        netdev=p.netdev,
+                        address=p.address,
+                        fabric_port=port,
+                        prefixlen=p.prefixlen,
+                        leaf=p.leaf,
+                    )
+                )
             self._sysctl(ns, [lr.netdev for lr in lab_rails])
             self.hosts.append(
-                LabHost(name=f"host{h}", netns=ns, endpoints=endpoints, rails=lab_rails)
+                LabHost(name=spec.name, netns=ns, endpoints=list(spec.endpoints), rails=lab_rails)
             )
         self._check_ifindexes()
 
@@ -259,9 +418,43 @@ class Lab:
                 return h
         raise KeyError(host)
 
+    def rail(self, host: int | str, rail: int) -> LabRail:
+        """The :class:`LabRail` of ``rail`` on ``host``; KeyError when it has none."""
+        for lr in self.host(host).rails:
+            if lr.rail == rail:
+                return lr
+        raise KeyError((host, rail))
+
     def fabric_port(self, host: int | str, rail: int) -> str:
         """Name of the fabric-side veth end of (host, rail), in :attr:`fabric_netns`."""
-        return self.host(host).rails[rail].fabric_port
+        return self.rail(host, rail).fabric_port
+
+    def set_links(self, changes: Sequence[tuple[str, bool]]) -> None:
+        """Set fabric-namespace links (names: :meth:`fabric_port`, :attr:`uplinks` values)
+        down (False) or up (True), all in one ``ip -batch`` call. Raises :class:`LabError`."""
+        if not changes:
+            return
+        script = "".join(f"link set {n} {'up' if up else 'down'}\n" for n, up in changes)
+        proc = subprocess.run(
+            ["ip", "-n", self.fabric_netns, "-batch", "-"],
+            input=script,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        if proc.returncode != 0:
+            raise LabError(f"`ip -batch` ({script.strip()!r}) failed: {proc.stderr.strip()}")
+
+    def uplink_down(self, leaf: str) -> None:
+        """Cut ``leaf`` (a leaf switch name) off its rail's spine bridge: traffic between its
+        hosts and other leaves' hosts stops, traffic through the leaf itself still flows.
+        KeyError when the lab has no spine for it (a single-SU rail)."""
+        self.set_links([(self.uplinks[leaf], False)])
+
+    def uplink_up(self, leaf: str) -> None:
+        """Undo :meth:`uplink_down`."""
+        self.set_links([(self.uplinks[leaf], True)])
 
     def link_down(self, host: int | str, rail: int) -> None:
         """Set the fabric end of (host, rail) down: the host's ``rail<r>`` loses carrier
@@ -302,6 +495,7 @@ class Lab:
             if proc.returncode != 0 and "No such file" not in proc.stderr:
                 log.warning("lab_netns_delete_failed", netns=ns, stderr=proc.stderr.strip())
         self.namespaces.clear()
+        self._restore_neigh_limit()
 
     def __enter__(self) -> Lab:
         return self

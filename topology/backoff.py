@@ -41,7 +41,7 @@ class BackoffPolicy:
     (``holddown_ms``). Raises ValueError for a negative delay or ``holddown_ms`` below
     ``time_to_learn_ms`` (the RFC requires HOLDDOWN >= TIME_TO_LEARN)."""
 
-    initial_ms: float = 10.0
+    initial_ms: float = 0.0
     short_ms: float = 150.0
     long_ms: float = 1000.0
     time_to_learn_ms: float = 500.0

@@ -18,7 +18,7 @@ from linkguard.simulations.scenario import (
 )
 
 #: the service's default RFC 8405 initial solve delay: what a failure after a quiet period waits
-INITIAL_MS = 10.0
+INITIAL_MS = 0.0
 
 
 def golden(name: str):
@@ -132,23 +132,36 @@ def test_an_expectation_that_cannot_hold_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     doc = yaml.safe_load((SCENARIOS_DIR / "single-link-down.yaml").read_text())
-    doc["expect"] = {"max_reroute_ms": 5}  # below the 10 ms initial solve delay
+    doc["expect"] = {"max_reroute_ms": 5}
+    doc["debounce_ms"] = 20  # the port's return waits this long; still within the scenario
+    doc["timeline"] = [
+        {"at_s": 2, "kind": "link_down", "host": "gpu001", "rail": 1},
+        # a second failure 1 s later: the back-off learned churn, it waits the long delay
+        {"at_s": 3, "kind": "link_down", "host": "gpu002", "rail": 2},
+        {"at_s": 8, "kind": "link_up", "host": "gpu001", "rail": 1},
+        {"at_s": 9, "kind": "link_up", "host": "gpu002", "rail": 2},
+    ]
     path = tmp_path / "too-fast.yaml"
     path.write_text(yaml.safe_dump(doc))
     r = run(load_scenario(path))
     assert not r.passed and r.mismatch_count == 0
-    assert r.failures == ["max_reroute_ms: slowest reroute 10 ms (timeline[0] at 2 s), limit 5 ms"]
+    assert r.failures == [
+        "max_reroute_ms: slowest reroute 1000 ms (timeline[1] at 3 s), limit 5 ms"
+    ]
 
     assert main(["sim", "run", str(path)]) == 1
     out = capsys.readouterr().out
     assert "single-link-down: FAILED" in out
-    assert "expect max_reroute_ms: FAILED (slowest reroute 10 ms" in out
+    assert "expect max_reroute_ms: FAILED (slowest reroute 1000 ms" in out
 
     assert main(["sim", "run", str(path), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] is False
     assert data["failures"] == r.failures
-    assert data["faults"] == [{"entry": 0, "kind": "link_down", "at_s": 2.0, "reroute_ms": 10.0}]
+    assert data["faults"] == [
+        {"entry": 0, "kind": "link_down", "at_s": 2.0, "reroute_ms": 0.0},
+        {"entry": 1, "kind": "link_down", "at_s": 3.0, "reroute_ms": 1000.0},
+    ]
 
 
 def test_a_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,6 +46,19 @@ GOLDEN = {
         {"service_down": 1, "service_up": 1, "port_down": 1, "port_up": 1},
     ),
     "agent-restart": (4, 4, 3, {"agent_down": 1, "agent_up": 1, "port_down": 1, "port_up": 1}),
+    "faults-across-outage": (
+        16,
+        4,
+        6,
+        {
+            "cables_down": 4,
+            "cables_up": 4,
+            "broker_down": 1,
+            "broker_up": 1,
+            "service_down": 1,
+            "service_up": 1,
+        },
+    ),
 }
 
 DOWN = (PortStateName.DOWN, PhysState.POLLING)
