@@ -39,6 +39,7 @@ from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
 from linkguard.config import ServiceSettings
 from linkguard.logs import configure_logging
+from linkguard.simulations.engine import percentile
 from linkguard.simulations.lab import Lab
 from linkguard.simulations.labprocs import (
     Flow,
@@ -85,9 +86,10 @@ class Bench:
 
 
 def pct(xs: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))]
+    """Nearest-rank percentile of a non-empty list."""
+    v = percentile(xs, p)
+    assert v is not None
+    return v
 
 
 def say(msg: str) -> None:

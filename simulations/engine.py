@@ -35,8 +35,9 @@ Not modelled here: the agents' fast path, ack latency and solve time (``linkguar
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
@@ -51,30 +52,23 @@ from linkguard.models import (
     PortStatus,
 )
 from linkguard.simulations.oracle import check, pairs_to_check
-from linkguard.simulations.scenario import Event, LoadedScenario, expand
+from linkguard.simulations.scenario import EVENT_KINDS, Event, LoadedScenario, expand
 from linkguard.topology.backoff import SolveBackoff
 from linkguard.topology.health import SwitchModel
 from linkguard.topology.state import FabricState
 
-__all__ = ["MAX_MISMATCHES", "MODELLED", "ExpectResult", "FaultTiming", "RunReport", "run"]
+__all__ = [
+    "MAX_MISMATCHES",
+    "MODELLED",
+    "ExpectResult",
+    "FaultTiming",
+    "RunReport",
+    "percentile",
+    "run",
+]
 
-#: Event kinds the engine replays; the others are skipped with a note (none left today).
-MODELLED = frozenset(
-    {
-        "port_down",
-        "port_up",
-        "switch_down",
-        "switch_up",
-        "cables_down",
-        "cables_up",
-        "broker_down",
-        "broker_up",
-        "service_down",
-        "service_up",
-        "agent_down",
-        "agent_up",
-    }
-)
+#: Event kinds the engine replays (all of them today; others would be skipped with a note).
+MODELLED = frozenset(EVENT_KINDS)
 
 #: Mismatches kept verbatim in a report (all are counted).
 MAX_MISMATCHES = 20
@@ -87,6 +81,16 @@ _ACTIVE_READING = (PortStateName.ACTIVE, PhysState.LINK_UP)
 
 #: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
 Transition = tuple[int, float]
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values``, nearest rank (the smallest value with at
+    least ``q`` % of the values at or below it); None when empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))
+    return xs[k]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from linkguard.simulations.engine import WALL0, RunReport, run
+from linkguard.simulations.engine import WALL0, RunReport, percentile, run
 from linkguard.simulations.failures import (
     FailureModel,
     FleetTimeline,
@@ -223,12 +223,13 @@ def cost_with(found: list[Outage], model: FailureModel, *, gpus: int, duration_s
 def _quantiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
-    v = sorted(values)
-
-    def q(p: float) -> float:
-        return v[min(len(v) - 1, math.ceil(p * len(v)) - 1)]
-
-    return {"count": len(v), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": v[-1]}
+    return {
+        "count": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
 
 
 def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, object] | None:

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import socket
 import tempfile
 import time
@@ -81,7 +80,7 @@ from linkguard.models import (
     PortStatus,
     encode,
 )
-from linkguard.simulations.engine import MAX_MISMATCHES, ExpectResult
+from linkguard.simulations.engine import MAX_MISMATCHES, ExpectResult, percentile
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.simulations.oracle import Mismatch, check, pairs_to_check
 from linkguard.simulations.scenario import Event, LoadedScenario, expand
@@ -115,15 +114,6 @@ SETTLE_POLL_S = 0.01
 
 #: A transition: (timeline entry, at_s), every primitive event of one entry at one instant.
 Transition = tuple[int, float]
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) of ``values``, nearest rank; None when empty."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))
-    return xs[k]
 
 
 def _figures(values: list[float]) -> dict[str, float | int | None]:
