@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from linkguard import __version__
@@ -585,10 +586,11 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="replay a scenario through the real monitor and solver on a simulated clock",
         description="Replay a scenario deterministically, without bus or threads: the real "
-        "port monitor per host, the real service state and solver (one solve per debounce "
-        "window, plans applied at once), the oracle after every solve. Prints solves, plans "
-        "per host, reroute times, re-admissions, oracle mismatches and which `expect` held. "
-        "Broker, service and agent outages are not modelled yet (skipped, listed). With "
+        "port monitor per host, the real service state and solver (solves scheduled by the "
+        "service's RFC 8405 back-off, plans applied at once), the oracle after every solve. "
+        "Prints solves, plans per host, reroute times, re-admissions, oracle mismatches and "
+        "which `expect` held. Broker, service and agent outages are modelled: nothing reaches "
+        "the service or the agents while away, the latest states once back. With "
         "--bus mosquitto or memory, the scenario runs in real time on a simulated fleet instead: "
         "the real service and one real agent per host (simulated ports, in-memory route "
         "tables) over a private Mosquitto or the in-memory broker, outages included; it adds "
@@ -1011,7 +1013,7 @@ def _sim_run(args: argparse.Namespace) -> int:
         from linkguard.logs import configure_logging
         from linkguard.simulations import live
 
-        configure_logging("console", "warning")
+        _quiet_sim_logging(configure_logging)
         try:
             report = asyncio.run(live.run(loaded, bus=args.bus))
         except (OSError, ImportError, TimeoutError) as exc:
@@ -1023,6 +1025,16 @@ def _sim_run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report.text())
     return 0 if report.passed else 1
+
+
+def _quiet_sim_logging(configure_logging: Callable[..., None]) -> None:
+    """A simulation's own components (in-process agents and service, the lab's bus observer)
+    log errors only: a scripted broker outage or crash makes them warn about reconnects by the
+    dozen, and paho logs the cut socket at ERROR; the report says what happened."""
+    import logging
+
+    configure_logging("console", "error")
+    logging.getLogger("mqtt").setLevel(logging.CRITICAL)
 
 
 def _sim_lab(args: argparse.Namespace) -> int:
@@ -1050,7 +1062,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
         check_lab_scenario(loaded)
     except (ScenarioError, LabRunError) as exc:
         return _fail(str(exc), 2)
-    configure_logging("console", "warning")
+    _quiet_sim_logging(configure_logging)
 
     stopped_by: list[str] = []
 
@@ -1100,12 +1112,16 @@ def _sim_fleet(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from linkguard.simulations.fleetreport import plot, simulate, stderr_progress
-    from linkguard.simulations.scenario import GenerateSpec, dump_scenario
+    from linkguard.simulations.scenario import Expect, GenerateSpec, dump_scenario
 
     try:
         spec = GenerateSpec(hosts=args.hosts, rails=args.rails)
     except ValidationError as exc:
         return _fail(f"sim fleet: {exc.errors()[0]['msg'].removeprefix('Value error, ')}", 2)
+    for out in (args.json, args.plot, args.scenario_out):
+        # before a run of seconds to minutes, not after it
+        if out is not None and not out.resolve().parent.is_dir():
+            return _fail(f"sim fleet: cannot write {out}: {out.parent} is not a directory", 1)
     progress = stderr_progress(True if args.progress else None)
     ft, rep = simulate(
         spec, duration_s=args.days * 86400, seed=args.seed, oracle=args.oracle, progress=progress
@@ -1117,7 +1133,9 @@ def _sim_fleet(args: argparse.Namespace) -> int:
         if args.plot is not None:
             plot(rep, args.plot)
         if args.scenario_out is not None:
-            args.scenario_out.write_text(dump_scenario(ft.loaded.scenario), encoding="utf-8")
+            # with the oracle on, whatever this run did: replaying the file should check it
+            sc = ft.loaded.scenario.model_copy(update={"expect": Expect()})
+            args.scenario_out.write_text(dump_scenario(sc), encoding="utf-8")
     except OSError as exc:
         return _fail(f"sim fleet: cannot write output: {exc}", 1)
     return 1 if rep.oracle["mismatches"] else 0

@@ -192,6 +192,8 @@ class RunReport:
         )
         lines.append(f"  oracle: {self.settles} settles{skipped}, {self.mismatch_count} mismatches")
         lines += [f"    {m}" for m in self.mismatches[:5]]
+        if self.mismatch_count > 5:
+            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")
         if self.skipped:

@@ -220,6 +220,16 @@ def cost_with(found: list[Outage], model: FailureModel, *, gpus: int, duration_s
     return _cost(spans, gpus, duration_s)
 
 
+def _percent(x: float) -> str:
+    """A fraction as a percentage with 4 decimals, or as many as it takes to show that it is
+    not 100 % (0.99999969 -> "99.99997 %"; only exactly 1 prints "100.0000 %")."""
+    for places in range(4, 10):
+        text = f"{100 * x:.{places}f}"
+        if x == 1 or not text.startswith("100."):
+            return f"{text} %"
+    return f"{100 * x:.9f} %"
+
+
 def _quantiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
@@ -366,7 +376,7 @@ class FleetReport:
             ("stalls", f"{w.stalls}", f"{wo.stalls}"),
             ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
             ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
-            ("goodput", f"{100 * w.goodput:.4f} %", f"{100 * wo.goodput:.4f} %"),
+            ("goodput", _percent(w.goodput), _percent(wo.goodput)),
         ]
         lines = [
             f"fleet: {self.hosts} hosts x {self.rails} rails ({self.gpus:,} GPUs), {days:g} days, "

@@ -168,6 +168,8 @@ class LabReport:
             f"{self.mismatch_count} {what}"
         )
         lines += [f"    {m}" for m in self.mismatches[:5]]
+        if self.mismatch_count > 5:
+            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
         for e in self.expectations:
             state = "held" if e.held else ("FAILED" if self.linkguard else "not met")
             lines.append(f"  expect {e.name}: {state} ({e.detail})")

@@ -422,8 +422,11 @@ class _LabRun:
     async def setup(self) -> None:
         f = self.fabric
         self.say(f"building the lab: {len(f.hosts)} hosts x {len(f.rails)} rails")
-        self.lab = await asyncio.to_thread(Lab.from_fabric, f)
-        self.broker = await asyncio.to_thread(MosquittoProcess(self.workdir / "broker").start)
+        # Built on the loop's own thread, on purpose: a SIGINT/SIGTERM during the build is
+        # handled once it returns, so teardown always knows every namespace and the broker (in a
+        # worker thread a cancelled await left the build running, and its namespaces behind).
+        self.lab = Lab.from_fabric(f)
+        self.broker = MosquittoProcess(self.workdir / "broker").start()
         if self.linkguard:
             self.cfgs = write_configs(
                 self.workdir,

@@ -353,6 +353,8 @@ class LiveReport:
             f"  oracle (installed routes): {self.settles} settles, {self.mismatch_count} mismatches"
         )
         lines += [f"    {m}" for m in self.mismatches[:5]]
+        if self.mismatch_count > 5:
+            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
         lines += [f"  NOT SETTLED: {u}" for u in self.unsettled[:5]]
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")

@@ -192,6 +192,13 @@ def test_a_host_with_no_rail_left_restarts_even_with_linkguard(tmp_path: Path) -
     assert w.idle_s == pytest.approx(0.05 + RESTART)
 
 
+def test_goodput_shows_enough_places_to_differ_from_100() -> None:
+    from linkguard.simulations.fleetreport import _percent
+
+    assert _percent(1 - 0.8 / (30 * DAY)) == "99.99997 %"
+    assert (_percent(0.989629), _percent(1.0)) == ("98.9629 %", "100.0000 %")
+
+
 def test_report_json_schema_and_plot(tmp_path: Path) -> None:
     _, rep = simulate(small(), duration_s=366 * DAY, seed=3, oracle=True)
     assert len(rep.outages) >= 5
@@ -247,16 +254,20 @@ def test_cli_sim_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert err == ""  # no progress unless asked (or a terminal)
     assert json.loads(js.read_text())["seed"] == 2
     assert png.read_bytes().startswith(PNG_MAGIC)
+    # the written scenario replays with the oracle on, though this run did not check
+    assert load_scenario(sc).scenario.expect.reachability is True
     assert main(["sim", "run", str(sc)]) == 0
-    capsys.readouterr()
+    assert "0 mismatches" in capsys.readouterr().out
 
     assert main([*args, "--progress"]) == 0
     err = capsys.readouterr().err
     assert "fleet: replaying" in err
 
-    # an output that cannot be written: the report is printed, exit 1
+    # an output that cannot be written: refused before the run, exit 1
     assert main([*args, "--json", str(tmp_path / "no" / "f.json")]) == 1
-    assert "cannot write output" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"cannot write {tmp_path / 'no' / 'f.json'}: {tmp_path / 'no'} is not a directory" in err
+    assert out == ""  # nothing was run
     # too big a fabric, bad numbers: exit 2
     assert main(["sim", "fleet", "--hosts", "16384", "--rails", "9"]) == 2
     assert "above 131,072 host ports" in capsys.readouterr().err
