@@ -653,10 +653,30 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done (and, with --oracle, no mismatch), 1 an oracle mismatch or "
         "an output file could not be written, 2 bad arguments.",
     )
-    sf.add_argument("--hosts", type=_positive(int, lo=1, hi=16384), default=2048)
-    sf.add_argument("--rails", type=_positive(int, lo=1, hi=64), default=8)
-    sf.add_argument("--days", type=_positive(float, lo=0.001, hi=366), default=30.0)
-    sf.add_argument("--seed", type=_positive(int, lo=0, hi=2**63 - 1), default=1)
+    sf.add_argument(
+        "--hosts",
+        type=_positive(int, lo=1, hi=16384),
+        default=2048,
+        help="hosts in the generated fabric (default 2048; hosts x rails <= 131,072 ports)",
+    )
+    sf.add_argument(
+        "--rails",
+        type=_positive(int, lo=1, hi=64),
+        default=8,
+        help="rails (compute NICs) per host (default 8)",
+    )
+    sf.add_argument(
+        "--days",
+        type=_positive(float, lo=0.001, hi=366),
+        default=30.0,
+        help="simulated days (default 30)",
+    )
+    sf.add_argument(
+        "--seed",
+        type=_positive(int, lo=0, hi=2**63 - 1),
+        default=1,
+        help="seed of the fault timeline (default 1; same seed, same run)",
+    )
     sf.add_argument("--json", type=Path, metavar="F", help="write the report as JSON to F")
     sf.add_argument("--plot", type=Path, metavar="F.png", help="write a PNG plot to F.png")
     sf.add_argument(
