@@ -62,7 +62,9 @@ __all__ = [
     "MODELLED",
     "ExpectResult",
     "FaultTiming",
+    "PlanCounts",
     "RunReport",
+    "mismatch_lines",
     "percentile",
     "run",
 ]
@@ -81,6 +83,29 @@ _ACTIVE_READING = (PortStateName.ACTIVE, PhysState.LINK_UP)
 
 #: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
 Transition = tuple[int, float]
+
+
+def mismatch_lines(count: int, kept: list[str], shown: int = 5) -> list[str]:
+    """A report's oracle mismatches as text lines: the first ``shown`` of those ``kept``
+    (reports keep :data:`MAX_MISMATCHES`), then how many more there were."""
+    lines = [f"    {m}" for m in kept[:shown]]
+    if count > shown:
+        lines.append(f"    ... and {count - shown} more (--json lists the first {MAX_MISMATCHES})")
+    return lines
+
+
+class PlanCounts:
+    """``plans_per_host`` (host -> plans it received) summed up, for the run reports."""
+
+    plans_per_host: dict[str, int]
+
+    @property
+    def plans_total(self) -> int:
+        return sum(self.plans_per_host.values())
+
+    @property
+    def plans_max_per_host(self) -> int:
+        return max(self.plans_per_host.values(), default=0)
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -117,7 +142,7 @@ class ExpectResult:
 
 
 @dataclass
-class RunReport:
+class RunReport(PlanCounts):
     """What a replay did and whether the scenario's expectations held. Times in simulated s
     (``at_s``) or ms (``*_ms``). ``solves``, ``reroutes`` and ``plans_per_host`` leave out the
     full build at time 0. ``readmissions``: ports back in use after their hold-down or
@@ -144,14 +169,6 @@ class RunReport:
     max_plans_per_host_per_event: int = 0
     expectations: list[ExpectResult] = field(default_factory=list)
     passed: bool = False
-
-    @property
-    def plans_total(self) -> int:
-        return sum(self.plans_per_host.values())
-
-    @property
-    def plans_max_per_host(self) -> int:
-        return max(self.plans_per_host.values(), default=0)
 
     @property
     def failures(self) -> list[str]:
@@ -191,9 +208,7 @@ class RunReport:
             f" ({self.settles_skipped} skipped during outages)" if self.settles_skipped else ""
         )
         lines.append(f"  oracle: {self.settles} settles{skipped}, {self.mismatch_count} mismatches")
-        lines += [f"    {m}" for m in self.mismatches[:5]]
-        if self.mismatch_count > 5:
-            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
+        lines += mismatch_lines(self.mismatch_count, self.mismatches)
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")
         if self.skipped:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from linkguard.simulations.engine import ExpectResult
+from linkguard.simulations.engine import ExpectResult, mismatch_lines
 
 __all__ = ["FaultResult", "FlowGap", "LabReport", "stderr_progress"]
 
@@ -167,9 +167,7 @@ class LabReport:
             f"  oracle: {self.checks} checks, {self.probes} kernel probes, "
             f"{self.mismatch_count} {what}"
         )
-        lines += [f"    {m}" for m in self.mismatches[:5]]
-        if self.mismatch_count > 5:
-            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
+        lines += mismatch_lines(self.mismatch_count, self.mismatches)
         for e in self.expectations:
             state = "held" if e.held else ("FAILED" if self.linkguard else "not met")
             lines.append(f"  expect {e.name}: {state} ({e.detail})")

@@ -80,7 +80,13 @@ from linkguard.models import (
     PortStatus,
     encode,
 )
-from linkguard.simulations.engine import MAX_MISMATCHES, ExpectResult, percentile
+from linkguard.simulations.engine import (
+    MAX_MISMATCHES,
+    ExpectResult,
+    PlanCounts,
+    mismatch_lines,
+    percentile,
+)
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.simulations.oracle import Mismatch, check, pairs_to_check
 from linkguard.simulations.scenario import Event, LoadedScenario, expand
@@ -234,7 +240,7 @@ class Recovery:
 
 
 @dataclass
-class LiveReport:
+class LiveReport(PlanCounts):
     """What a live replay did and whether the scenario's expectations held; the fields of
     :class:`~linkguard.simulations.engine.RunReport` where they mean the same, plus the bus,
     the wall time, fault latencies and recoveries. Times: ``at_s`` from time 0 (first plans
@@ -265,14 +271,6 @@ class LiveReport:
     max_plans_per_host_per_event: int = 0
     expectations: list[ExpectResult] = field(default_factory=list)
     passed: bool = False
-
-    @property
-    def plans_total(self) -> int:
-        return sum(self.plans_per_host.values())
-
-    @property
-    def plans_max_per_host(self) -> int:
-        return max(self.plans_per_host.values(), default=0)
 
     def latency(self) -> dict[str, dict[str, float | int | None]]:
         """n, p50, p99 and max (ms) of the faults' fast path, first ack and last ack."""
@@ -352,9 +350,7 @@ class LiveReport:
         lines.append(
             f"  oracle (installed routes): {self.settles} settles, {self.mismatch_count} mismatches"
         )
-        lines += [f"    {m}" for m in self.mismatches[:5]]
-        if self.mismatch_count > 5:
-            lines.append(f"    ... and {self.mismatch_count - 5} more (--json lists the first 20)")
+        lines += mismatch_lines(self.mismatch_count, self.mismatches)
         lines += [f"  NOT SETTLED: {u}" for u in self.unsettled[:5]]
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")

@@ -177,3 +177,14 @@ def test_progress_reports_each_tenth_of_the_simulated_time() -> None:
     assert r.passed
     # 30 s simulated: every 3 s that the replay passed, then the end
     assert seen == pytest.approx([3.0 * k for k in range(1, 11)])
+
+
+def test_mismatch_lines_say_how_many_were_not_shown() -> None:
+    from linkguard.simulations.engine import mismatch_lines
+
+    kept = [f"m{i}" for i in range(7)]
+    assert mismatch_lines(7, kept) == [
+        *(f"    m{i}" for i in range(5)),
+        "    ... and 2 more (--json lists the first 20)",
+    ]
+    assert mismatch_lines(2, kept[:2]) == ["    m0", "    m1"]
