@@ -70,6 +70,7 @@ class Bus:
     ``async with Bus(...) as bus`` starts the connection task; ``publish`` returns False (and
     drops the message) while disconnected: callers re-publish their current state from
     ``on_connect``. Raises nothing on broker failures; they are logged and retried.
+    ``subscriptions``: topic filters, subscribed at QoS 1, or (filter, QoS) pairs.
     """
 
     def __init__(
@@ -78,7 +79,7 @@ class Bus:
         host: str,
         port: int,
         client_id: str,
-        subscriptions: Sequence[str] = (),
+        subscriptions: Sequence[str | tuple[str, int]] = (),
         handler: Handler | None = None,
         on_connect: Callable[[], Awaitable[None]] | None = None,
         will: Will | None = None,
@@ -173,7 +174,8 @@ class Bus:
                     client.pending_calls_threshold = PENDING_CALLS_WARN
                     self._client = client
                     for sub in self._subscriptions:
-                        await client.subscribe(sub, qos=1)
+                        topic, qos = (sub, 1) if isinstance(sub, str) else sub
+                        await client.subscribe(topic, qos=qos)
                     self.connected.set()
                     self.connects += 1
                     attempt = 0

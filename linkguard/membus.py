@@ -324,7 +324,7 @@ class MemoryBus:
         client_id: str,
         host: str = "memory",
         port: int = 0,
-        subscriptions: Sequence[str] = (),
+        subscriptions: Sequence[str | tuple[str, int]] = (),
         handler: Handler | None = None,
         on_connect: Callable[[], Awaitable[None]] | None = None,
         will: Will | None = None,
@@ -399,8 +399,8 @@ class MemoryBus:
             try:
                 session = self._broker._connect(self._client_id, self._will)
                 self._session = session
-                for sub in self._subscriptions:
-                    self._broker._subscribe(session, sub)
+                for sub in self._subscriptions:  # (filter, QoS): delivery is in-process
+                    self._broker._subscribe(session, sub if isinstance(sub, str) else sub[0])
                 self.connected.set()
                 self.connects += 1
                 attempt = 0

@@ -7,6 +7,8 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/events                  PortEvent
   linkguard/v1/hosts/<host>/ack                  R  Ack
   linkguard/v1/plans/<host>                      R  Plan
+  linkguard/v1/peers/<host>                      R  PeerRoutes (routes every whole host needs
+                                                    towards this impaired host; see below)
   linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
   linkguard/v1/service/audit                     R  fleet audit of agent inventories (JSON)
   linkguard/v1/service/health                    R  switch-level health (JSON, below)
@@ -24,6 +26,12 @@ the switch-level health was assessed, Unix seconds), ``faults`` (the FabricFault
 as JSON; null before any was accepted) and ``refused`` (null when the last set received was
 accepted, else {``reason``: oversized | not_json | invalid, ``detail``, ``at``: when it was
 refused, ``faults``: the refused payload as JSON, or as text when it is not JSON}).
+
+``peers/<host>`` exists for hosts that were impaired (cannot use every rail) at some point:
+hosts with a compact plan (``Plan.shared``) subscribe to ``peers/+`` and add what each says
+(:func:`linkguard.models.expand_plan`), so a host link event changes one retained message that
+the broker fans out, not every host's plan. A peer that is whole again keeps a message with no
+``classes``. The service deletes the ones of hosts its fabric does not list.
 
 A refused ``fabric/faults`` set (malformed, or naming a switch or cable the fabric lacks)
 leaves the faults in effect unchanged, and the service publishes the set in effect back on
@@ -45,11 +53,13 @@ __all__ = [
     "ParsedTopic",
     "ack",
     "all_host_topics",
+    "all_peer_routes",
     "all_plans",
     "events",
     "fabric_faults",
     "inventory",
     "parse",
+    "peer_routes",
     "plan",
     "port_state",
     "service_audit",
@@ -96,6 +106,10 @@ def plan(host: str) -> str:
     return f"{PREFIX}/plans/{_seg(host)}"
 
 
+def peer_routes(host: str) -> str:
+    return f"{PREFIX}/peers/{_seg(host)}"
+
+
 def service_status() -> str:
     return f"{PREFIX}/service/status"
 
@@ -121,9 +135,13 @@ def all_plans() -> str:
     return f"{PREFIX}/plans/+"
 
 
+def all_peer_routes() -> str:
+    return f"{PREFIX}/peers/+"
+
+
 @dataclass(frozen=True)
 class ParsedTopic:
-    # inventory | status | port | events | ack | plan; host "" for the fabric-wide ones:
+    # inventory | status | port | events | ack | plan | peers; host "" for the fabric-wide ones:
     # service_status | service_audit | service_health | fabric_faults
     kind: str
     host: str
@@ -140,6 +158,8 @@ def parse(topic: str) -> ParsedTopic | None:
         return None
     if parts[2] == "plans" and len(parts) == 4:
         return ParsedTopic("plan", parts[3])
+    if parts[2] == "peers" and len(parts) == 4:
+        return ParsedTopic("peers", parts[3])
     if parts[2:] == ["service", "status"]:
         return ParsedTopic("service_status", "")
     if parts[2:] == ["service", "audit"]:

@@ -29,7 +29,17 @@ import yaml
 from linkguard import topics
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.bus import Bus, BusMessage
-from linkguard.models import Ack, HCAInfo, HostInventory, LinkLayer, Plan, PortState, decode
+from linkguard.models import (
+    Ack,
+    HCAInfo,
+    HostInventory,
+    LinkLayer,
+    PeerRoutes,
+    Plan,
+    PortState,
+    decode,
+    expand_plan,
+)
 from linkguard.simulations.lab import Lab
 from linkguard.topology.fabric import Fabric, dump_fabric
 
@@ -187,10 +197,14 @@ class Procs:
 
 @dataclass
 class Observer:
-    """Collects what is on the bus, with the monotonic time each message arrived."""
+    """Collects what is on the bus, with the monotonic time each message arrived. ``plans``:
+    each host's full plans over time, a compact plan expanded with the peer routes seen so
+    far (:func:`~linkguard.models.expand_plan`; again whenever a peer's message changes)."""
 
     acks: dict[str, list[tuple[float, Ack]]] = field(default_factory=dict)
     plans: dict[str, list[tuple[float, Plan]]] = field(default_factory=dict)
+    received: dict[str, Plan] = field(default_factory=dict)  # as published, compact or full
+    peers: dict[str, PeerRoutes] = field(default_factory=dict)
     states: list[tuple[float, PortState]] = field(default_factory=list)
     #: (host, rail) -> (arrival, latest state) of that port
     ports: dict[tuple[str, int], tuple[float, PortState]] = field(default_factory=dict)
@@ -205,7 +219,14 @@ class Observer:
         if p.kind == "ack":
             self.acks.setdefault(p.host, []).append((now, decode(Ack, msg.payload)))
         elif p.kind == "plan":
-            self.plans.setdefault(p.host, []).append((now, decode(Plan, msg.payload)))
+            plan = self.received[p.host] = decode(Plan, msg.payload)
+            self.plans.setdefault(p.host, []).append((now, expand_plan(plan, self.peers)))
+            self.last_plan_at = now
+        elif p.kind == "peers":
+            self.peers[p.host] = decode(PeerRoutes, msg.payload)
+            for host, plan in self.received.items():
+                if plan.shared is not None:
+                    self.plans[host].append((now, expand_plan(plan, self.peers)))
             self.last_plan_at = now
         elif p.kind == "port":
             st = decode(PortState, msg.payload)
@@ -235,7 +256,7 @@ def observer_bus(port: int, observer: Observer) -> Bus:
         host="127.0.0.1",
         port=port,
         client_id=f"observer-{os.getpid()}",
-        subscriptions=[topics.all_host_topics(), topics.all_plans()],
+        subscriptions=[topics.all_host_topics(), topics.all_plans(), topics.all_peer_routes()],
         handler=observer.handle,
         reconnect_min_s=0.05,
         reconnect_max_s=0.5,

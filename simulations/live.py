@@ -210,9 +210,11 @@ class LiveFault:
     the transition. ``fast_path_ms``: the host's agent acked its backup (None: no port fault,
     no backup, or none seen). ``epoch``: the plan epoch it caused (None: the truth did not
     change, e.g. a port already held down or a spine whose leaves keep other uplinks, or no
-    plan came); ``plans``: hosts given a plan of that epoch, ``acked``: how many of them
-    acked it applied; ``first_ack_ms``/``last_ack_ms``: their first and last ack as the
-    service received them over the bus (``last_ack_ms`` None unless all acked)."""
+    plan came); ``plans``: hosts given a new plan by that solve (hosts with compact plans
+    through the peer routes of ``epoch``, the others a plan of ``epoch`` + 1, see
+    :mod:`linkguard.topology.state`), ``acked``: how many of them acked it applied;
+    ``first_ack_ms``/``last_ack_ms``: their first and last ack as the service received them
+    over the bus (``last_ack_ms`` None unless all acked)."""
 
     entry: int
     kind: str
@@ -749,10 +751,13 @@ class _Live:
                 e for (_, e), at in self.plan_seen.items() if e > p.epoch_before and at >= p.t0
             ]
             epoch = min(later, default=None)
-        hosts = sorted(h for (h, e) in self.plan_seen if e == epoch)
+        # one solve's epochs: its peer routes' and, one above, its plans' (committed together)
+        t_e = min((at for (_, e), at in self.plan_seen.items() if e == epoch), default=None)
+        mine = {h: e for (h, e), at in self.plan_seen.items() if e >= (epoch or 0) and at == t_e}
+        hosts = sorted(mine)
         acks = []
         for h in hosts:
-            seen = [at for (host, e), at in self.ack_seen.items() if host == h and e >= epoch]
+            seen = [at for (host, e), at in self.ack_seen.items() if host == h and e >= mine[h]]
             if seen:
                 acks.append(min(seen))
         return LiveFault(

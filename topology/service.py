@@ -1,13 +1,14 @@
 """The topology service's wiring module.
 
-Tasks: ``bus`` (subscribes to every host topic, to retained plans, to ``fabric/faults`` and
-to ``service/health``, for the faults a previous instance accepted) and ``solver`` (waits for
-a state change, waits as the RFC 8405 back-off says (:mod:`linkguard.topology.backoff`:
-``solve_initial_delay_ms`` after a quiet period, then ``debounce_ms`` batches, then
-``solve_long_delay_ms`` while changes keep coming), solves, publishes the changed plans
-retained with a new epoch) and ``auditor`` (the fleet audit, retained on ``service/audit``).
-Retained plans of hosts the fabric does not list (the fleet shrank, or a service ran on
-another fabric) are deleted from the broker after the startup settle
+Tasks: ``bus`` (subscribes to every host topic, to retained plans and peer routes, to
+``fabric/faults`` and to ``service/health``, for the faults a previous instance accepted) and
+``solver`` (waits for a state change, waits as the RFC 8405 back-off says
+(:mod:`linkguard.topology.backoff`: ``solve_initial_delay_ms`` after a quiet period, then
+``debounce_ms`` batches, then ``solve_long_delay_ms`` while changes keep coming), solves,
+publishes the changed peer routes, then the changed plans, retained with a new epoch) and
+``auditor`` (the fleet audit, retained on ``service/audit``).
+Retained plans and peer routes of hosts the fabric does not list (the fleet shrank, or a
+service ran on another fabric) are deleted from the broker after the startup settle
 (:meth:`TopologyService._clear_stale_plans`). Switch-level faults (``fabric/faults``,
 :class:`~linkguard.models.FabricFaults`) are assessed off the event loop and their health is
 kept retained on ``service/health``; a refused set is replaced on ``fabric/faults`` by the set
@@ -37,6 +38,7 @@ from linkguard.models import (
     FabricFaults,
     HostInventory,
     HostStatus,
+    PeerRoutes,
     Plan,
     PortState,
     PortStatus,
@@ -68,6 +70,7 @@ _DECODERS = {
     "status": HostStatus,
     "ack": Ack,
     "plan": Plan,
+    "peers": PeerRoutes,
     "inventory": HostInventory,
     "service_status": ServiceStatus,
     "fabric_faults": FabricFaults,
@@ -119,6 +122,8 @@ class TopologyService:
         #: retained plans of hosts the fabric does not list: host -> epoch (None: unreadable),
         #: until :meth:`_clear_stale_plans` deletes them
         self.stale_plans: dict[str, int | None] = {}
+        #: the same for retained peer routes (``peers/<host>``)
+        self.stale_peers: dict[str, int | None] = {}
         self._settled = False  # the startup settle is over (see _solver)
         #: the last accepted switch-level faults and when their health was assessed
         self.faults: FabricFaults | None = None
@@ -145,6 +150,7 @@ class TopologyService:
             subscriptions=[
                 topics.all_host_topics(),
                 topics.all_plans(),
+                topics.all_peer_routes(),
                 topics.service_status(),
                 # before fabric/faults: its retained document arrives before the retained set
                 topics.service_health(),
@@ -220,7 +226,9 @@ class TopologyService:
         )
         # After a broker restart without persistence the retained plans are gone: put them back
         # (same epochs, so agents that applied them ignore them).
-        for plan in list(self.state.plans.values()):
+        for peers in list(self.state.peers.values()):
+            await self.bus.publish(topics.peer_routes(peers.host), encode(peers), retain=True)
+        for plan in list(self.state.published.values()):
             await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
         if self.audit_json is not None:
             await self.bus.publish(topics.service_audit(), self.audit_json.encode(), retain=True)
@@ -280,16 +288,16 @@ class TopologyService:
             await self._on_fabric_faults(msg)
             return
         unknown_host = parsed.host not in self.state.host_names
-        if parsed.kind == "plan" and not msg.payload:
+        if parsed.kind in ("plan", "peers") and not msg.payload:
             return  # a deleted retained plan (this service's own clearing, coming back)
-        if parsed.kind == "plan" and not msg.retain:
+        if parsed.kind in ("plan", "peers") and not msg.retain:
             # live plans are this service's own, coming back: only retained ones (published
             # before this connection) tell it anything. Not decoding them halves the service's
             # CPU per event at 256 hosts (274 -> 156 ms, benchmarks/ack_bench.py).
             return
-        if unknown_host and parsed.kind == "plan":
+        if unknown_host and parsed.kind in ("plan", "peers"):
             if msg.retain:
-                await self._on_stale_plan(msg, parsed.host)
+                await self._on_stale_plan(msg, parsed.host, parsed.kind)
             return
         if unknown_host and parsed.kind != "status":
             return  # nothing to plan for a host the fabric does not list
@@ -355,22 +363,25 @@ class TopologyService:
             )
         elif isinstance(obj, Plan) and msg.retain:
             self.state.on_retained_plan(obj)
+        elif isinstance(obj, PeerRoutes) and msg.retain:
+            self.state.on_retained_peers(obj)
 
-    async def _on_stale_plan(self, msg: BusMessage, host: str) -> None:
-        """A retained plan of ``host``, which the fabric does not list: an agent started with
-        that name would apply it (a plan of another fabric). Noted; deleted right away when the
+    async def _on_stale_plan(self, msg: BusMessage, host: str, kind: str = "plan") -> None:
+        """A retained plan (``kind`` plan) or peer routes (peers) of ``host``, which the fabric
+        does not list: an agent started with that name would apply the plan (one of another
+        fabric), every agent would route to the peer. Noted; deleted right away when the
         startup settle is over, else by :meth:`_solver` when it is."""
         epoch = None
         with contextlib.suppress(BadMessage):
-            plan = decode(
-                Plan,
+            obj = decode(
+                _DECODERS[kind],
                 msg.payload,
                 topic=msg.topic,
                 expect_host=host,
                 max_bytes=self.settings.bus.max_message_bytes,
             )
-            epoch = plan.epoch
-        self.stale_plans[host] = epoch
+            epoch = obj.epoch
+        (self.stale_plans if kind == "plan" else self.stale_peers)[host] = epoch
         if self._settled:
             await self._clear_stale_plans()
 
@@ -380,25 +391,30 @@ class TopologyService:
         (host, epoch; None for an unreadable plan). Only after the startup settle, and never
         by a service that found another one running (it may be on another fabric: the plans
         are that one's). A publish that fails leaves the plan retained: it comes back on the
-        next connection and is cleared then. An agent of such a host keeps its routes."""
-        if self.duplicate is not None or not self.stale_plans:
+        next connection and is cleared then. An agent of such a host keeps its routes. Stale
+        peer routes (:attr:`stale_peers`) go the same way (``stale_peers_cleared``)."""
+        if self.duplicate is not None:
             return
-        stale, self.stale_plans = self.stale_plans, {}
-        hosts = sorted(stale)
-        for i in range(0, len(hosts), PUBLISH_WINDOW):
-            chunk = hosts[i : i + PUBLISH_WINDOW]
-            done = await asyncio.gather(
-                *(self.bus.publish(topics.plan(h), b"", retain=True) for h in chunk)
-            )
-            for host, ok in zip(chunk, done, strict=True):
-                if ok:
-                    log.info(
-                        "stale_plan_cleared",
-                        host=host,
-                        epoch=stale[host],
-                        fabric=self.fabric.name,
-                        why="host not in the fabric",
-                    )
+        for event, stale, topic in (
+            ("stale_plan_cleared", self.stale_plans, topics.plan),
+            ("stale_peers_cleared", self.stale_peers, topics.peer_routes),
+        ):
+            hosts = sorted(stale)
+            for i in range(0, len(hosts), PUBLISH_WINDOW):
+                chunk = hosts[i : i + PUBLISH_WINDOW]
+                done = await asyncio.gather(
+                    *(self.bus.publish(topic(h), b"", retain=True) for h in chunk)
+                )
+                for host, ok in zip(chunk, done, strict=True):
+                    epoch = stale.pop(host, None)
+                    if ok:
+                        log.info(
+                            event,
+                            host=host,
+                            epoch=epoch,
+                            fabric=self.fabric.name,
+                            why="host not in the fabric",
+                        )
 
     async def _on_service_status(self, msg: BusMessage) -> None:
         try:
@@ -632,23 +648,33 @@ class TopologyService:
         solved = self.state.commit(fresh)
         self.solves += 1
         t1 = time.monotonic()
-        payloads = await asyncio.to_thread(lambda: [(p.host, encode(p)) for p in solved.plans])
+
+        def encoded() -> list[tuple[str, bytes]]:
+            # peer routes first: a host whose compact plan and peers both change gets them in
+            # that order (one publisher, QoS 1: in order), never a plan ahead of its peers
+            return [(topics.peer_routes(p.host), encode(p)) for p in solved.peers] + [
+                (topics.plan(p.host), encode(p)) for p in solved.publish
+            ]
+
+        payloads = await asyncio.to_thread(encoded)
         t2 = time.monotonic()
-        # QoS 1: each publish waits for the broker's PUBACK; keep many in flight (plans of
+        # QoS 1: each publish waits for the broker's PUBACK; keep many in flight (messages of
         # different hosts are independent) instead of one round trip per host in turn
         for i in range(0, len(payloads), PUBLISH_WINDOW):
             chunk = payloads[i : i + PUBLISH_WINDOW]
             await asyncio.gather(
-                *(self.bus.publish(topics.plan(h), data, retain=True) for h, data in chunk)
+                *(self.bus.publish(topic, data, retain=True) for topic, data in chunk)
             )
-            for h, _ in chunk:
-                self.plans_published += 1
-                self.plans_per_host[h] += 1
+        for p in solved.plans:
+            self.plans_published += 1
+            self.plans_per_host[p.host] += 1
         t3 = time.monotonic()
         log.info(
             "plans_published",
             epoch=solved.epoch,
             changed=len(solved.plans),
+            messages=len(payloads),
+            peer_routes=len(solved.peers),
             unchanged=solved.unchanged,
             solve_ms=round((t1 - t0) * 1000, 2),
             encode_ms=round((t2 - t1) * 1000, 2),

@@ -30,7 +30,8 @@ Choice of the egress rail where a route cannot use its home rail r (``home(P, g)
 ``g % n``-th of P's n sorted rails): the survivors ``S`` = rails both ends can use, ordered same
 NUMA node as the failed HCA first (the HCA of rail r on the side that lost it, H when both did),
 then by rail; the route takes ``S[(offset * k + j) % len(S)]``: ``offset`` is the circular
-distance in fabric order from the side that lost r to the other host (0 for the next host), ``k``
+distance in fabric order from the side that lost r to the other host (0 for the next host;
+counted as ``-(o + 2)`` when H lost r, with ``o`` below: the same distance shifted by N), ``k``
 the number of P's GPUs homed on r and ``j`` the rank of g among them. The routes one failed rail
 displaces get consecutive indices from every viewpoint (the failed host's own routes to all
 peers, and all peers' routes towards it), so they spread round-robin over the survivors: with
@@ -67,10 +68,13 @@ from linkguard.models import (
     Backup,
     HCAInfo,
     HostInventory,
+    PeerClass,
+    PeerRoutes,
     Plan,
     PrefixRoute,
     RailAssignment,
     RouteAssignment,
+    SharedRoutes,
 )
 from linkguard.topology.fabric import Fabric, home_rails
 
@@ -194,6 +198,9 @@ class Solver:
     #: a rail that at least this many hosts cannot use is *degraded*: multipath prefix routes
     #: leave it out (see the module docstring); 0 disables
     degraded_after: int = DEGRADED_AFTER_HOSTS
+    #: compact plans for whole hosts + one shared :class:`~linkguard.models.PeerRoutes` per
+    #: impaired host, where the fabric allows (see :meth:`compact_plan`)
+    shared: bool = True
 
     def __post_init__(self) -> None:
         self._hosts = _index(self.fabric)
@@ -233,6 +240,22 @@ class Solver:
         self._cover_cache: dict[tuple, tuple] = {}
         for p in sorted(self._impaired):
             self._column(p, set(), fresh=True)
+        # shared peer routes: prefix form, every host with the same rails and netdevs; the
+        # viewers are the whole hosts of the most common hardware signature
+        self.shared_mode = (
+            self.shared
+            and self.prefix_mode
+            and all(h.rail_set == self.all_rails for h in self._hosts)
+            and all(c.netdev is not None for h in self._hosts for c in h.by_rail.values())
+        )
+        counts = Counter(self._sid)
+        self._ref_sid = max(counts, key=lambda k: (counts[k], -k)) if counts else -1
+        self._ref_rep = self._sid.index(self._ref_sid) if counts else -1
+        #: positions whose :meth:`peer_routes` may have changed since :meth:`take_changed_peers`
+        self._peers_changed: set[int] = set(self._impaired) if self.shared_mode else set()
+        #: positions whose compact plan may differ from their full plan's base since
+        #: :meth:`take_changed_compact` (a whole host's compact plan depends on it alone)
+        self._compact_changed: set[int] = set(range(self.n))
 
     # ----------------------------------------------------------------------------------------
     # public API
@@ -267,6 +290,9 @@ class Solver:
                 changed_pos.append(p)
         if not changed_pos:
             return []
+        if self.shared_mode:
+            self._peers_changed.update(changed_pos)
+        self._compact_changed.update(changed_pos)
         was = {p: p in self._impaired for p in changed_pos}
         for p in changed_pos:
             if self._is_impaired(p):
@@ -285,6 +311,9 @@ class Solver:
         degraded = self._degraded_rails()
         if degraded != self.degraded:  # every multipath may change: rebuild all, compare
             self.degraded = degraded
+            if self.shared_mode:
+                self._peers_changed.update(self._impaired)
+            self._compact_changed.update(range(self.n))
             return self._rebuild()
         # the changed hosts themselves: everything is recomputed
         for p in changed_pos:
@@ -383,11 +412,102 @@ class Solver:
                 out.setdefault((c - p - 1 + n) % m, []).extend(before)
         return out.values()
 
+    def is_shared(self, name: str) -> bool:
+        """Does ``name`` get a compact plan (:meth:`compact_plan`)? KeyError if unknown."""
+        return self._is_shared(self._index_of(name))
+
+    def _is_shared(self, pos: int) -> bool:
+        return (
+            self.shared_mode
+            and self._sid[pos] == self._ref_sid
+            and self._usable[pos] == self._hosts[pos].rail_set
+        )
+
+    def compact_plan(self, name: str, *, epoch: int, now: float) -> Plan:
+        """What ``name``'s plan is on the bus: for a host in shared mode (prefix form, every
+        host with the same rails and netdevs, this one of the most common hardware signature
+        and able to use all its rails) the plan without routes to impaired peers, with
+        ``shared`` set; they come from those peers' :meth:`peer_routes`, and
+        :func:`~linkguard.models.expand_plan` of the two is exactly :meth:`plan`. Any other
+        host: :meth:`plan`. KeyError if unknown."""
+        pos = self._index_of(name)
+        if not self._is_shared(pos):
+            return self.plan(name, epoch=epoch, now=now)
+        h = self._hosts[pos]
+        shared = SharedRoutes.model_construct(
+            position=pos,
+            hosts=self.n,
+            netdevs={r: h.by_rail[r].netdev for r in h.rails},
+        )
+        return self._plan(h, {}, epoch=epoch, now=now, shared=shared)
+
+    def peer_routes(self, name: str, *, epoch: int, now: float) -> PeerRoutes:
+        """The :class:`~linkguard.models.PeerRoutes` of ``name``: for every residue class of
+        the whole hosts of the shared signature, the rail choices of :meth:`_template` (the
+        same ones their full plans hold); no classes when ``name`` is not impaired or the
+        solver is not in shared mode. KeyError if unknown."""
+        pos = self._index_of(name)
+        ph = self._hosts[pos]
+        classes: list[PeerClass] = []
+        modulus = 1
+        if self.shared_mode and pos in self._impaired:
+            rep = self._hosts[self._ref_rep]
+            uh = rep.rail_set
+            a = len(uh & self._usable[pos])
+            modulus = math.lcm(a, a - 1) if a > 1 else 1
+            for c in range(modulus):
+                plan_t, backups_t = self._template(rep, ph, uh=uh, offset=c)
+                classes.append(
+                    PeerClass.model_construct(
+                        routes=[v for g, x in plan_t for v in (g, -1 if x is None else x)],
+                        backups=[
+                            v
+                            for r, es in backups_t
+                            for g, x in es
+                            for v in (r, g, -1 if x is None else x)
+                        ],
+                    )
+                )
+        return PeerRoutes.model_construct(
+            host=ph.inv.host,
+            epoch=epoch,
+            issued_at=now,
+            position=pos,
+            modulus=modulus,
+            endpoints=[str(e) for e in ph.inv.endpoints],
+            home_rails=list(ph.home),
+            addresses={r: str(ph.by_rail[r].address) for r in ph.rails},
+            classes=classes,
+        )
+
+    def take_changed_compact(self) -> set[str]:
+        """Hosts in shared mode whose :meth:`compact_plan` may have changed since the last
+        call (their own usable rails, or the degraded rails, changed; at first: all); clears
+        the set. The compact plan of any other host in shared mode is as it was."""
+        out, self._compact_changed = self._compact_changed, set()
+        return {self._hosts[p].inv.host for p in out}
+
+    def take_changed_peers(self) -> list[str]:
+        """Hosts whose :meth:`peer_routes` may have changed since the last call (at first:
+        every impaired host), in fabric order; clears the set. Empty outside shared mode."""
+        out, self._peers_changed = sorted(self._peers_changed), set()
+        return [self._hosts[p].inv.host for p in out]
+
     def plan(self, name: str, *, epoch: int, now: float) -> Plan:
         """The current plan of ``name`` (KeyError if unknown) with ``epoch`` and ``issued_at``."""
         h = self._hosts[self._index_of(name)]
+        return self._plan(h, self._contrib[h.pos], epoch=epoch, now=now)
+
+    def _plan(
+        self,
+        h: _Host,
+        row: Mapping[int, _Contrib],
+        *,
+        epoch: int,
+        now: float,
+        shared: SharedRoutes | None = None,
+    ) -> Plan:
         base = self._base[h.pos]
-        row = self._contrib[h.pos]
         routes: list[RouteAssignment] = []
         unreachable: list[IPv4Address] = []
         bk: dict[int, tuple[list[RouteAssignment], list[IPv4Address]]] = {
@@ -434,6 +554,7 @@ class Solver:
             routes=routes,
             backups=backups,
             unreachable=unreachable,
+            shared=shared,
         )
 
     def plans(
@@ -559,19 +680,31 @@ class Solver:
         t = self._template(h, p)
         return None if t is _NOTHING or (not t[0] and not t[1]) else t
 
-    def _template(self, h: _Host, p: _Host) -> tuple[tuple, tuple]:
+    def _template(
+        self,
+        h: _Host,
+        p: _Host,
+        *,
+        uh: frozenset[int] | None = None,
+        offset: int | None = None,
+    ) -> tuple[tuple, tuple]:
         """The rail choices behind P's contribution to H, as ``(plan, backups)``: ``plan`` =
         ((g, rail or None), ...) for P's endpoints that need a /32 (None: unreachable),
         ``backups`` = ((r, ((g, rail or None), ...)), ...) per local rail r whose backup
         changes them. Shared by every (H, P) with the same rails, usable sets, NUMA layout
-        and ``pos(H) + pos(P)`` modulo the survivor counts (all a choice depends on)."""
-        uh, up = self._usable[h.pos], self._usable[p.pos]
+        and ``pos(H) + pos(P)`` modulo the survivor counts (all a choice depends on).
+        ``uh``/``offset`` override H's usable rails and ``(pos(H) - pos(P) - 1) mod N`` (the
+        shared :class:`~linkguard.models.PeerRoutes` are computed per residue class)."""
+        if uh is None:
+            uh = self._usable[h.pos]
+        up = self._usable[p.pos]
         cov, bcov, full = self._covers(uh, up)
         if p.home_set <= full:
             return _NOTHING  # every endpoint delivered by the prefix routes, backups too
         a = len(uh & up)
         m = math.lcm(a, a - 1) if a > 1 else 1
-        key = (h.sig, uh, p.sig, p.home, up, (h.pos - p.pos - 1) % self.n % m, self.degraded)
+        o = (h.pos - p.pos - 1) % self.n if offset is None else offset
+        key = (h.sig, uh, p.sig, p.home, up, o % m, self.degraded)
         t = self._templates.get(key)
         if t is not None:
             return t
@@ -582,7 +715,7 @@ class Solver:
             if d in cov:
                 cur: object = _DEFAULT
             else:
-                cur = choose(h, uh, p, up, g)
+                cur = choose(h, uh, p, up, g, o)
                 plan.append((g, cur))
             for r, less, bc in bcov:
                 if cur is _DEFAULT:
@@ -590,7 +723,7 @@ class Solver:
                         continue  # the prefix route still delivers it
                 elif cur is None or cur != r:
                     continue  # still unreachable, or an exception that stays valid: kept
-                new = choose(h, less, p, up, g)
+                new = choose(h, less, p, up, g, o)
                 if new != cur:
                     bk.setdefault(r, []).append((g, new))
         t = (tuple(plan), tuple((r, tuple(e)) for r, e in sorted(bk.items())))
@@ -618,16 +751,17 @@ class Solver:
         return s
 
     def _choose(
-        self, h: _Host, uh: frozenset[int], p: _Host, up: frozenset[int], g: int
+        self, h: _Host, uh: frozenset[int], p: _Host, up: frozenset[int], g: int, o: int
     ) -> int | None:
-        """Egress rail for H -> endpoint g of P (see module docstring), None if none."""
+        """Egress rail for H -> endpoint g of P (see module docstring), None if none; ``o`` =
+        (pos(H) - pos(P) - 1) mod N, or any number congruent to it modulo the survivor counts."""
         r = p.home[g]
         if r in uh and r in up and r in h.by_rail:
             return r
         if r not in up and r in p.by_rail and not (r not in uh and r in h.by_rail):
-            failed, offset = p, (h.pos - p.pos - 1) % self.n
-        else:  # H lost r (or lacks it: irregular fabric)
-            failed, offset = h, (p.pos - h.pos - 1) % self.n
+            failed, offset = p, o
+        else:  # H lost r (or lacks it: irregular fabric); -o - 2 = pos(P) - pos(H) - 1 - N
+            failed, offset = h, -o - 2
         s = self._order_survivors(failed, uh & up, r)
         if not s:
             return None

@@ -1,8 +1,16 @@
 """The topology service's pure core: what it knows and which plans it owes.
 
 Consumes: decoded port states, host statuses, acks, switch-level faults and previously
-retained plans, each with ``now``. Produces: the plans to publish (only hosts whose assignments
-changed, each with a new epoch) and the set of hosts still owing an ack. No I/O, no clock.
+retained plans and peer routes, each with ``now``. Produces: the messages to publish (plans of
+hosts whose assignments changed and :class:`~linkguard.models.PeerRoutes` that changed, each
+with a new epoch), every host's full plan (``plans``: what it should have in place, a whole
+host's compact plan expanded with the peer routes) and the set of hosts still owing an ack. No
+I/O, no clock.
+
+Epochs: one counter for plans and peer routes; a solve that publishes both gives its peer
+routes one epoch and its plans the next. A host with a compact plan acks the highest of its
+plan's epoch and every peer routes message's (:func:`~linkguard.models.expand_plan`), so its
+full plan in ``plans`` carries that epoch.
 
 A port counts as unusable when its status is down, held_down or suppressed, or when its leaf is
 down or cut off from its rail (switch-level faults: :meth:`FabricState.on_fabric_faults`, the
@@ -22,6 +30,7 @@ from linkguard.models import (
     CableRef,
     FabricFaults,
     HostStatus,
+    PeerRoutes,
     Plan,
     PortState,
     PortStatus,
@@ -36,10 +45,24 @@ UNUSABLE = frozenset({PortStatus.DOWN, PortStatus.HELD_DOWN, PortStatus.SUPPRESS
 
 
 @dataclass(frozen=True)
+class Fresh:
+    """One solve's output (:meth:`FabricState.compute`): by host, the full plans, the plans as
+    published (compact for whole hosts in shared mode) and the peer routes that may have
+    changed."""
+
+    plans: dict[str, Plan]
+    published: dict[str, Plan]
+    peers: dict[str, PeerRoutes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Solved:
-    plans: list[Plan]  # to publish, in host order
+    plans: list[Plan]  # full plans whose assignments changed, in host order
     epoch: int
-    unchanged: int  # hosts whose plan did not change
+    unchanged: int  # hosts whose full plan did not change
+    #: to publish, in host order: plans (``plans/<host>``) and peer routes (``peers/<host>``)
+    publish: list[Plan] = field(default_factory=list)
+    peers: list[PeerRoutes] = field(default_factory=list)
 
 
 @dataclass
@@ -54,7 +77,11 @@ class FabricState:
     epoch_start: int
     ports: dict[tuple[str, str], PortState] = field(default_factory=dict)  # (host, "hca/port")
     online: dict[str, bool] = field(default_factory=dict)
+    #: every host's full plan (what it should have in place; see the module docstring)
     plans: dict[str, Plan] = field(default_factory=dict)
+    #: what is on the bus: plans (compact or full) and peer routes, retained or published
+    published: dict[str, Plan] = field(default_factory=dict)
+    peers: dict[str, PeerRoutes] = field(default_factory=dict)
     acks: dict[str, Ack] = field(default_factory=dict)
     dirty: bool = True
     ignored_ports: set[tuple[str, str]] = field(default_factory=set)
@@ -62,6 +89,8 @@ class FabricState:
     solver: Solver | None = field(default=None, repr=False)
     #: switch-level faults and what they cost (:mod:`linkguard.topology.health`)
     health: Health | None = field(default=None, repr=False)
+    #: compact plans + shared peer routes where the fabric allows (:class:`Solver` ``shared``)
+    shared: bool = True
 
     def __post_init__(self) -> None:
         self._epoch = self.epoch_start - 1
@@ -69,6 +98,7 @@ class FabricState:
         self._rail_of = {(h.host, hca.key): hca.rail for h in self.fabric.hosts for hca in h.hcas}
         self._switches: SwitchModel | None = None
         self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
+        self._peers_epoch = 0  # the highest epoch of the peer routes on the bus
 
     @property
     def host_names(self) -> frozenset[str]:
@@ -98,13 +128,22 @@ class FabricState:
 
     def on_retained_plan(self, plan: Plan) -> None:
         """A plan published before this process started: diff against it, issue above it."""
-        if plan.host in self._hosts and plan.epoch > self._epoch:
-            self._epoch = plan.epoch
         if plan.host not in self._hosts:
             return
-        cur = self.plans.get(plan.host)
+        self._epoch = max(self._epoch, plan.epoch)
+        cur = self.published.get(plan.host)
         if cur is None or plan.epoch > cur.epoch:
-            self.plans[plan.host] = plan
+            self.published[plan.host] = plan
+
+    def on_retained_peers(self, peers: PeerRoutes) -> None:
+        """Peer routes published before this process started: diff against them, issue above."""
+        if peers.host not in self._hosts:
+            return
+        self._epoch = max(self._epoch, peers.epoch)
+        cur = self.peers.get(peers.host)
+        if cur is None or peers.epoch > cur.epoch:
+            self.peers[peers.host] = peers
+            self._peers_epoch = max(self._peers_epoch, peers.epoch)
 
     def _model(self) -> SwitchModel:
         if self._switches is None:
@@ -195,14 +234,17 @@ class FabricState:
         self.dirty = False
         return self.unusable()
 
-    def compute(self, unusable: dict[str, frozenset[int]], *, now: float) -> dict[str, Plan]:
+    def compute(self, unusable: dict[str, frozenset[int]], *, now: float) -> Fresh:
         """Bring the solver to ``unusable`` and return the plans of the hosts it changed (all
-        hosts on the first call: the full build). Touches only the solver, so it can run in a
-        worker thread while states keep arriving; one call at a time."""
+        hosts on the first call: the full build) and the peer routes that may have changed.
+        Touches only the solver, so it can run in a worker thread while states keep arriving;
+        one call at a time."""
         epoch = self._epoch + 1
         if self.solver is None:
-            self.solver = Solver(self.fabric, unusable)
+            self.solver = Solver(self.fabric, unusable, shared=self.shared)
             names = self.solver.host_names
+            # retained peer routes of hosts that are whole now: replace them by empty ones
+            peer_names = sorted(set(self.solver.take_changed_peers()) | set(list(self.peers)))
         else:  # only the hosts whose unusable rails changed, not the whole fleet
             last = self._solved_unusable
             changed = {
@@ -211,27 +253,76 @@ class FabricState:
                 if unusable.get(h) != last.get(h)
             }
             names = self.solver.update(changed)
+            peer_names = self.solver.take_changed_peers()
         self._solved_unusable = dict(unusable)
-        return {n: self.solver.plan(n, epoch=epoch, now=now) for n in names}
+        s = self.solver
+        compact = s.take_changed_compact()
+        return Fresh(
+            plans={n: s.plan(n, epoch=epoch, now=now) for n in names},
+            # a whole host's compact plan changes only with its own rails (or the degraded
+            # ones): the others keep theirs while every full plan gains a peer's /32
+            published={
+                n: s.compact_plan(n, epoch=epoch, now=now)
+                for n in sorted(compact | set(names))
+                if n in compact or not s.is_shared(n)
+            },
+            peers={n: s.peer_routes(n, epoch=epoch, now=now) for n in peer_names},
+        )
 
     def solve(self, now: float) -> Solved:
-        """Solve (incrementally after the first time); return the plans that differ from the
-        last ones."""
+        """Solve (incrementally after the first time); return what differs from the last."""
         return self.commit(self.compute(self.prepare(), now=now))
 
-    def commit(self, fresh: dict[str, Plan]) -> Solved:
-        """Take the plans of a solve done elsewhere (a worker thread): keep and number the ones
-        that differ from the last plans. Epochs are re-numbered if this state moved past the
-        solve's epoch meanwhile (a retained plan with a higher epoch arrived)."""
-        changed = [p for h, p in sorted(fresh.items()) if not p.same_assignments(self.plans.get(h))]
-        if changed:
-            epoch = max(self._epoch + 1, changed[0].epoch)
-            if changed[0].epoch != epoch:
-                changed = [p.model_copy(update={"epoch": epoch}) for p in changed]
+    def commit(self, fresh: Fresh) -> Solved:
+        """Take a solve done elsewhere (a worker thread): keep and number the plans and peer
+        routes that differ from the ones on the bus, and the full plans. Epochs are re-numbered
+        if this state moved past the solve's epoch meanwhile (a retained plan with a higher
+        epoch arrived)."""
+        publish = [
+            p
+            for h, p in sorted(fresh.published.items())
+            if not p.same_assignments(self.published.get(h))
+        ]
+        peers = [
+            pr for h, pr in sorted(fresh.peers.items()) if not pr.same_routes(self.peers.get(h))
+        ]
+        if publish or peers:
+            epoch = max(self._epoch + 1, (publish or peers)[0].epoch)
+            if peers:
+                peers = [pr.model_copy(update={"epoch": epoch}) for pr in peers]
+                self._peers_epoch = epoch
+                # plans of the same solve one above: a host whose plan changes acks it, not
+                # the peer routes that reach it first (published first, applied with the
+                # plan it had)
+                epoch += bool(publish)
+            publish = [p.model_copy(update={"epoch": epoch}) for p in publish]
             self._epoch = epoch
-            for p in changed:
-                self.plans[p.host] = p
-        return Solved(plans=changed, epoch=self._epoch, unchanged=len(fresh) - len(changed))
+            self.published.update((p.host, p) for p in publish)
+            self.peers.update((pr.host, pr) for pr in peers)
+        changed: list[Plan] = []
+        # the full plans, with the epoch each host acks: all compact ones move with new peers
+        hosts = self.published if peers else fresh.plans
+        for h in sorted(hosts):
+            full = fresh.plans.get(h) or self.plans.get(h)
+            pub = self.published.get(h)
+            if full is None or pub is None:
+                continue
+            epoch = pub.epoch if pub.shared is None else max(pub.epoch, self._peers_epoch)
+            old = self.plans.get(h)
+            if old is None or not full.same_assignments(old):
+                changed.append(full)
+            elif old.epoch == epoch:
+                continue
+            self.plans[h] = (
+                full if full.epoch == epoch else full.model_copy(update={"epoch": epoch})
+            )
+        return Solved(
+            plans=[self.plans[p.host] for p in changed],
+            epoch=self._epoch,
+            unchanged=len(fresh.plans) - len(changed),
+            publish=publish,
+            peers=peers,
+        )
 
     def pending_acks(self, hosts: Iterable[str] | None = None) -> list[str]:
         """Hosts whose last plan has no applied ack with its epoch yet."""

@@ -3,7 +3,9 @@
 Consumes: validated plans and the set of locally down ports. Produces: routes in linkguard's
 own table (through a :class:`~linkguard.drivers.routes.RouteTable`: on-link prefix routes, /32
 exceptions via a gateway, ``unreachable`` /32s; see :func:`kernel_routes`), the rail map file
-(written atomically), the last plan persisted in the state dir, and
+(written atomically when what it says changes), the last plan persisted in the state dir
+(``last-plan.json``; a compact plan with the peer routes it was expanded with, one file per
+peer in ``peers/``, which the agent writes as they arrive), and
 :class:`~linkguard.models.Ack`s.
 Every apply is a full reconcile of the table against the plan, so a restart, a missed message or
 a hand-edited table converge to the plan with no duplicates and no churn for unchanged routes.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import tempfile
 import time
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
@@ -24,9 +25,9 @@ import structlog
 
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
 from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
-from linkguard.models import Ack, AckResult, BadMessage, Plan, decode
+from linkguard.models import Ack, AckResult, BadMessage, PeerRoutes, Plan, decode, expand_plan
 
-__all__ = ["Applier", "RouteTableLike", "atomic_write", "kernel_routes"]
+__all__ = ["Applier", "RouteTableLike", "atomic_write", "kernel_routes", "load_peer_routes"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,20 +63,41 @@ def kernel_routes(eff: Effective) -> dict[Destination, KernelRoute]:
     return out
 
 
-def atomic_write(path: Path, data: str, *, mode: int = 0o644) -> None:
+def load_peer_routes(directory: Path) -> dict[str, PeerRoutes]:
+    """The peer routes persisted in ``directory`` (``<peer>.json``, as received), by peer.
+    An unreadable or invalid file is logged (``peer_routes_unreadable``) and skipped."""
+    out: dict[str, PeerRoutes] = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            pr = decode(PeerRoutes, path.read_bytes(), expect_host=path.stem)
+        except (OSError, BadMessage) as exc:
+            log.warning("peer_routes_unreadable", path=str(path), error=str(exc))
+            continue
+        out[pr.host] = pr
+    return out
+
+
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temporary file and rename: readers see the old or the
     new content, never a mix. ``mode``: the rail map is world-readable (jobs read it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # one writer per file (the agent's event loop): a fixed temporary name per process, not
+    # mkstemp's random one (its name generator cost more than the write at 256 agents)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:  # the first write there
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, mode)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -98,6 +120,10 @@ class Applier:
         self.prefixes = list(prefixes)
         self.rail_map_path = rail_map_path
         self.plan_path = state_dir / "last-plan.json"
+        self.peers_dir = state_dir / "peers"
+        self._rail_map_said: tuple | None = None  # what the rail map file says, epoch aside
+        #: the compact plan and peer routes :meth:`start` expanded (None: a full plan, or none)
+        self.restored: tuple[Plan, dict[str, PeerRoutes]] | None = None
         self.plan: Plan | None = None
         self.locally_down: set[str] = set()
         self.last_result: ReconcileResult | None = None
@@ -114,8 +140,10 @@ class Applier:
         if not self.plan_path.exists():
             return
         try:
-            plan = decode(Plan, self.plan_path.read_bytes(), expect_host=self.host)
-        except (OSError, BadMessage) as exc:
+            compact = decode(Plan, self.plan_path.read_bytes(), expect_host=self.host)
+            peers = load_peer_routes(self.peers_dir) if compact.shared is not None else {}
+            plan = expand_plan(compact, peers)
+        except (OSError, BadMessage, ValueError) as exc:
             log.warning("last_plan_unreadable", path=str(self.plan_path), error=str(exc))
             return
         try:  # the config may have changed since (prefixes, netdevs): re-check its scope
@@ -136,24 +164,31 @@ class Applier:
             )
             return
         self.plan = plan
+        if compact.shared is not None:
+            self.restored = (compact, peers)
         await self._put_in_place()
         log.info("reconciled_with_last_plan", epoch=plan.epoch, result=self._summary())
 
-    def check(self, plan: Plan) -> None:
-        """Raise :class:`PlanRefused` when ``plan`` must not be applied."""
+    def check(self, plan: Plan, *, same_epoch: bool = False) -> None:
+        """Raise :class:`PlanRefused` when ``plan`` must not be applied (``same_epoch``: the
+        applied epoch itself is not stale, for expanded compact plans)."""
+        applied = self.applied_epoch
         check_plan(
             plan,
             host=self.host,
-            applied_epoch=self.applied_epoch,
+            applied_epoch=applied - 1 if same_epoch and applied is not None else applied,
             netdevs=self.netdevs,
             prefixes=self.prefixes,
+            checked=self.plan,
         )
 
-    async def apply(self, plan: Plan) -> Ack:
-        """Check and apply ``plan``; the ack says applied, refused or failed."""
+    async def apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> Ack:
+        """Check and apply ``plan``; the ack says applied, refused or failed. ``persist``
+        False: the caller keeps what ``plan`` was made from in the state dir (a compact plan
+        and its peer routes)."""
         t0 = time.monotonic()
         try:
-            self.check(plan)
+            self.check(plan, same_epoch=same_epoch)
         except PlanRefused as exc:
             log.warning("plan_refused", epoch=plan.epoch, reason=exc.reason, detail=exc.detail)
             return Ack(
@@ -164,7 +199,8 @@ class Applier:
                 applied_at=time.time(),
             )
         self.plan = plan
-        atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
+        if persist:
+            atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
         return await self._ack(plan, t0, fast_path=False)
 
     async def port_down(self, key: str) -> Ack | None:
@@ -183,6 +219,7 @@ class Applier:
         policy); the last plan stays in the state dir for the next start."""
         await self.table.flush()
         self.rail_map_path.unlink(missing_ok=True)
+        self._rail_map_said = None
 
     async def _ack(self, plan: Plan, t0: float, *, fast_path: bool, full: bool = True) -> Ack:
         try:
@@ -230,10 +267,11 @@ class Applier:
             self.last_result = await self.table.update(upsert, remove)
         failed = {d for d, _ in self.last_result.errors}
         self.installed = {d: r for d, r in desired.items() if d not in failed}
-        atomic_write(
-            self.rail_map_path,
-            json.dumps(rail_map(self.host, self.plan.epoch, eff), indent=2) + "\n",
-        )
+        said = (eff.rail_assignments, eff.fast_path_ports)  # all the rail map says but epoch
+        if said != self._rail_map_said or not self.rail_map_path.exists():
+            doc = rail_map(self.host, self.plan.epoch, eff)
+            atomic_write(self.rail_map_path, json.dumps(doc, indent=2) + "\n")
+            self._rail_map_said = said
 
     def _summary(self) -> dict[str, object]:
         r = self.last_result

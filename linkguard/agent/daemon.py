@@ -2,9 +2,12 @@
 
 Tasks (one asyncio TaskGroup, named): ``watch`` (driver observations -> monitor -> bus +
 fast path), ``timer`` (monitor deadlines: hold-down expiry, penalty decay), ``refresh``
-(re-publish every port state), ``bus`` (MQTT session; plans in, states/events/acks out).
-Plans are handled in arrival order in the bus task; the monitor and applier are only touched
-from the event loop, so no locks are needed beyond the applier lock around kernel changes.
+(re-publish every port state), ``bus`` (MQTT session; plans and peer routes in,
+states/events/acks out). Plans are handled in arrival order in the bus task; the monitor and
+applier are only touched from the event loop, so no locks are needed beyond the applier lock
+around kernel changes. A compact plan (``Plan.shared``) is applied expanded with the retained
+peer routes (``peers/+``, :func:`~linkguard.models.expand_plan`), again whenever one of them
+changes; the ack carries the expanded plan's epoch.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
 
 import structlog
+from pydantic import BaseModel
 
 from linkguard import __version__, topics
 from linkguard.agent.applier import Applier, RouteTableLike, atomic_write
@@ -34,17 +40,21 @@ from linkguard.models import (
     HostInventory,
     HostStatus,
     LinkLayer,
+    PeerRoutes,
     Plan,
     PortState,
     PortStatus,
     decode,
     encode,
+    expand_plan,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "run_agent"]
 
 log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 #: After connecting, an agent waits this long (s) for a running agent with the same host name
 #: to object before it publishes its inventory and port states.
@@ -199,10 +209,19 @@ class Agent:
         self._announcer: asyncio.Task[None] | None = None
         self._announced = False  # states, events and acks wait for the presence check
         self._cleared_logged = False  # plan_cleared said since the last plan
+        self.plan_received: Plan | None = None  # the last plan off the bus (compact or full)
+        self.peers: dict[str, PeerRoutes] = {}  # retained peer routes, by peer
         self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
-            subscriptions=[topics.plan(self.host), topics.status(self.host)],
+            subscriptions=[
+                topics.plan(self.host),
+                topics.status(self.host),
+                # QoS 0: each is retained and replaces the last, so a delivery lost with a
+                # connection comes back as the retained copy on the resubscribe; saves every
+                # host a PUBACK per peer change (256 per host link event at 256 hosts)
+                (topics.all_peer_routes(), 0),
+            ],
             handler=self._on_message,
             on_connect=self._on_connect,
             will=Will(topics.status(self.host), encode(self._status(online=False))),
@@ -243,6 +262,9 @@ class Agent:
     async def _run(self) -> None:
         async with self._lock:
             await self.applier.start()
+        if self.applier.restored is not None:  # retained copies of these change nothing
+            self.plan_received, peers = self.applier.restored
+            self.peers = dict(peers)
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.bus.run(), name="bus")
@@ -381,6 +403,9 @@ class Agent:
         if parsed is not None and parsed.kind == "status" and parsed.host == self.host:
             await self._on_status(msg)
             return
+        if parsed is not None and parsed.kind == "peers":
+            await self._on_peer_routes(msg, parsed.host)
+            return
         if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
             self.stats.messages_dropped["unexpected_topic"] += 1
             log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
@@ -389,12 +414,37 @@ class Agent:
             self._on_plan_cleared()
             return
         self._cleared_logged = False
+        plan = self._decode(Plan, msg, self.host)
+        if plan is None:
+            return
+        if plan.shared is not None:
+            if self.plan_received is not None and plan.epoch < self.plan_received.epoch:
+                return  # an older retained plan than the one in hand
+            if plan != self.plan_received:  # what the applier expands on a restart
+                atomic_write(self.applier.plan_path, msg.payload, mode=0o600)
+            self.plan_received = plan
+            await self._apply_expanded()
+            return
+        self.plan_received = plan
+        applied = self.applier.plan
+        if applied is not None and plan.epoch == applied.epoch:
+            if plan.same_assignments(applied):
+                log.debug("plan_already_applied", epoch=plan.epoch)
+                return
+            # the epoch's peer routes came first and were applied with the compact plan
+            # this one replaces (a host that just lost a rail): apply it all the same
+            await self._apply(plan, same_epoch=True)
+            return
+        await self._apply(plan)
+
+    def _decode(self, model: type[M], msg: BusMessage, host: str) -> M | None:
+        """``msg`` validated as ``model`` for ``host``; None (logged, counted) when bad."""
         try:
-            plan = decode(
-                Plan,
+            return decode(
+                model,
                 msg.payload,
                 topic=msg.topic,
-                expect_host=self.host,
+                expect_host=host,
                 max_bytes=self.settings.bus.max_message_bytes,
             )
         except BadMessage as exc:
@@ -406,12 +456,66 @@ class Agent:
                 detail=exc.detail[:300],
                 bytes=len(msg.payload),
             )
+            return None
+
+    async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
+        """``peers/<peer>``: keep the newest; re-apply a compact plan with it. A zero-length
+        payload (the service deleted a stale one) empties it (its epoch stays counted)."""
+        if not msg.payload:
+            old = self.peers.get(peer)
+            if old is not None and old.classes:  # keep its epoch: the acked one stays the same
+                self.peers[peer] = old.model_copy(update={"classes": [], "modulus": 1})
+                atomic_write(self._peer_path(peer), encode(self.peers[peer]), mode=0o600)
+                await self._apply_expanded()
             return
-        if plan.epoch == self.applier.applied_epoch:
-            log.debug("plan_already_applied", epoch=plan.epoch)
+        pr = self._decode(PeerRoutes, msg, peer)
+        if pr is None:
             return
+        old = self.peers.get(peer)
+        if old is not None and old.epoch >= pr.epoch:
+            return  # the same or an older one (a redelivery)
+        self.peers[peer] = pr
+        atomic_write(self._peer_path(peer), msg.payload, mode=0o600)  # as received
+        await self._apply_expanded()
+
+    def _peer_path(self, peer: str) -> Path:
+        return self.applier.peers_dir / f"{peer}.json"
+
+    async def _apply_expanded(self) -> None:
+        """Apply the compact plan in hand expanded with the peer routes in hand, unless that
+        is what is applied already. An older expansion than the applied plan is left alone
+        (a restart: the retained plan arrives before the peer routes that the last applied
+        plan had); one of the same epoch that differs is applied (retained peer routes arrive
+        in any order)."""
+        plan = self.plan_received
+        if plan is None or plan.shared is None:
+            return
+        try:
+            full = expand_plan(plan, self.peers)
+        except ValueError as exc:
+            self.stats.plans_refused["invalid"] += 1
+            log.warning("plan_refused", epoch=plan.epoch, reason="invalid", detail=str(exc))
+            await self._send_ack(
+                Ack(
+                    host=self.host,
+                    epoch=plan.epoch,
+                    result=AckResult.REFUSED,
+                    error=f"invalid: {exc}"[:2000],
+                    applied_at=time.time(),
+                )
+            )
+            return
+        applied = self.applier.plan
+        if applied is not None and (
+            full.epoch < applied.epoch
+            or (full.epoch == applied.epoch and full.same_assignments(applied))
+        ):
+            return
+        await self._apply(full, same_epoch=True, persist=False)
+
+    async def _apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> None:
         async with self._lock:
-            ack = await self.applier.apply(plan)
+            ack = await self.applier.apply(plan, same_epoch=same_epoch, persist=persist)
         if ack.result == AckResult.REFUSED:
             reason = (ack.error or "").split(":", 1)[0]
             self.stats.plans_refused[reason] += 1

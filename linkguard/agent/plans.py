@@ -40,11 +40,15 @@ def check_plan(
     applied_epoch: int | None,
     netdevs: Collection[str],
     prefixes: Collection[ipaddress.IPv4Network],
+    checked: Plan | None = None,
 ) -> None:
     """Raise :class:`PlanRefused` unless ``plan`` may be applied on ``host``: for this host,
     newer than ``applied_epoch``, every route destination and prefix route inside one of
     ``prefixes`` (when given), every egress netdev one of ``netdevs`` (a prefix route with
-    rails must name a netdev for each), no prefix twice in one ``prefix_routes`` list."""
+    rails must name a netdev for each), no prefix twice in one ``prefix_routes`` list.
+    ``checked``: a plan that passed with the same ``netdevs`` and ``prefixes``; its
+    ``prefix_routes`` lists (the very objects, as an expanded compact plan shares them) are
+    not checked again."""
     if plan.host != host:
         raise PlanRefused("wrong_host", f"plan for {plan.host!r}, this is {host!r}")
     if applied_epoch is not None and plan.epoch <= applied_epoch:
@@ -61,10 +65,14 @@ def check_plan(
             raise PlanRefused(
                 "out_of_scope", f"netdev {r.netdev!r} is not one of this host's rails"
             )
+    seen: set[int] = set()
+    if checked is not None:
+        seen = {id(checked.prefix_routes)} | {id(b.prefix_routes) for b in checked.backups}
     for where, prs in [("plan", plan.prefix_routes)] + [
         (f"backup {b.hca}/{b.port}", b.prefix_routes) for b in plan.backups
     ]:
-        _check_prefix_routes(where, prs, netdevs=netdevs, prefixes=prefixes)
+        if id(prs) not in seen:
+            _check_prefix_routes(where, prs, netdevs=netdevs, prefixes=prefixes)
 
 
 def _check_prefix_routes(

@@ -17,7 +17,7 @@ from linkguard.config import BusSettings
 from linkguard.drivers.simulated import MemoryRouteTable
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.topology.fabric import generate_rail_optimized
-from linkguard.topology.solver import egress, solve
+from linkguard.topology.solver import Solver, egress, solve
 
 
 def _out(table: MemoryRouteTable, dest: IPv4Address) -> tuple[str, ...]:
@@ -115,7 +115,13 @@ async def test_leaf_reboot_flap_storm_is_ridden_out(mosquitto, tmp_path: Path) -
             await wait_until(lambda t=t_up: time.monotonic() - t > 0.1, 1, "100 ms")
         await wait_until(lambda: fleet.service.state.unusable() == {}, 15, "re-admission")
         waited = time.monotonic() - t_up  # from the last link-up
-        await fleet.wait_all_acked(epoch0 + 2)
+        nominal = Solver(fabric).plans(epoch=0, now=0.0)
+        await wait_until(
+            lambda: all(fleet.service.state.plans[h].same_assignments(nominal[h]) for h in hosts),
+            15,
+            "the nominal plans again",
+        )
+        await fleet.wait_all_acked(epoch0 + 1)
         delta = Counter(fleet.service.plans_per_host) - before
         print(
             f"\nflap storm: 4 flaps x 8 hosts -> plans per host {set(delta.values())}, "

@@ -27,12 +27,20 @@ SURVIVORS_3 = (0, 1, 2, 4, 5, 6, 7)
 
 
 def _dealt(
-    survivors: tuple[int, ...], pos_other: int, pos_failed: int, n: int = 32, k: int = 1, j: int = 0
+    survivors: tuple[int, ...],
+    pos_other: int,
+    pos_failed: int,
+    n: int = 32,
+    k: int = 1,
+    j: int = 0,
+    *,
+    viewer_failed: bool = False,
 ) -> int:
     """The survivor the module docstring's rule deals a route to: ``S[(offset * k + j) %
     len(S)]``, ``offset`` = circular distance from the host that lost the rail (``pos_failed``)
-    to the other one, among ``n`` hosts."""
-    offset = (pos_other - pos_failed - 1) % n
+    to the other one, among ``n`` hosts; less ``n`` when the host that lost it is the one
+    routing (``viewer_failed``: the same spread, rotated)."""
+    offset = (pos_other - pos_failed - 1) % n - (n if viewer_failed else 0)
     return survivors[(offset * k + j) % len(survivors)]
 
 
@@ -229,7 +237,9 @@ def test_lost_rail_explicit_form(su_explicit: Fabric) -> None:
     # form needs none of them: its multipath prefix route carries them)
     own = [r for r in plans[A].routes if r.home_rail == 3]
     assert len(own) == 31
-    assert [r.rail for r in own] == [_dealt(SURVIVORS_3, pos[r.peer], pos[A]) for r in own]
+    assert [r.rail for r in own] == [
+        _dealt(SURVIVORS_3, pos[r.peer], pos[A], viewer_failed=True) for r in own
+    ]
     assert all(r.gateway == f.host(r.peer).hcas[r.rail].address for r in own)
     spread = Counter(r.rail for r in own)
     assert max(spread.values()) == max(towards.values()) == math.ceil(31 / 7)
@@ -467,12 +477,14 @@ def test_index_rule_exact_both_forms() -> None:
             )
         else:
             assert [r for r in _routes(plans["h3"]) if r[0].startswith("10.200.3.")] == [
-                ("10.200.3.1", "rail2", "10.100.2.1"),  # h0 GPU 3: index 0
-                ("10.200.3.2", "rail0", "10.100.0.1"),  # h0 GPU 7: index 1
-                ("10.200.3.3", "rail1", "10.100.1.2"),  # h1: indices 2, 0
-                ("10.200.3.4", "rail2", "10.100.2.2"),
-                ("10.200.3.5", "rail0", "10.100.0.3"),  # h2: indices 1, 2
-                ("10.200.3.6", "rail1", "10.100.1.3"),
+                # h3 lost the rail itself: its offsets count less 4 (n), the same spread
+                # rotated: survivors[((x - 4) * 2 + j) % 3] = survivors[(2x + j + 1) % 3]
+                ("10.200.3.1", "rail0", "10.100.0.1"),  # h0 GPU 3: index 1
+                ("10.200.3.2", "rail1", "10.100.1.1"),  # h0 GPU 7: index 2
+                ("10.200.3.3", "rail2", "10.100.2.2"),  # h1: indices 0, 1
+                ("10.200.3.4", "rail0", "10.100.0.2"),
+                ("10.200.3.5", "rail1", "10.100.1.3"),  # h2: indices 2, 0
+                ("10.200.3.6", "rail2", "10.100.2.3"),
             ]
             assert load_report(plans)["h3"] == {0: 8, 1: 8, 2: 8}  # 6 + 2 each
         assert _incoming(f, plans, "h3") == {0: 8, 1: 8, 2: 8}

@@ -15,7 +15,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linkguard.models import Plan
+from linkguard.models import PeerRoutes, Plan, decode, encode, expand_plan
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.solver import Solver, egress, solve
@@ -153,3 +153,60 @@ def test_solver_is_deterministic(case) -> None:
     fabric, unusable, k = case
     once = solve(fabric, unusable, epoch=3, now=1.0, degraded_after=k)
     assert once == solve(fabric, unusable, epoch=3, now=1.0, degraded_after=k)
+
+
+def _wire_peer_routes(solver: Solver, epoch: int) -> dict[str, PeerRoutes]:
+    """Every host's peer routes as an agent receives them (encoded, fully validated)."""
+    return {
+        n: decode(PeerRoutes, encode(solver.peer_routes(n, epoch=epoch, now=0.0)))
+        for n in solver.host_names
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(fabrics_and_histories())
+def test_compact_plans_with_peer_routes_expand_to_the_full_plans(case) -> None:
+    """A whole host's compact plan, expanded with every host's peer routes as they come off
+    the wire, is exactly its full plan, after every batch of changes; the peers reported as
+    changed cover every peer routes message that changed; other hosts' plans are full."""
+    fabric, history, degraded_after = case
+    solver = Solver(fabric, {}, degraded_after=degraded_after)
+    assert solver.shared_mode == bool(fabric.endpoint_subnets)
+    last = _wire_peer_routes(solver, 1)
+    solver.take_changed_peers()
+    for step, unusable in enumerate(history, start=2):
+        solver.update({h: unusable.get(h, frozenset()) for h in fabric.host_names})
+        changed = set(solver.take_changed_peers())
+        peers = _wire_peer_routes(solver, step)
+        for n, pr in peers.items():
+            assert pr.classes == [] or n in solver.host_names
+            if not pr.same_routes(last[n]):
+                assert n in changed
+        last = peers
+        for h in fabric.host_names:
+            full = solver.plan(h, epoch=step, now=0.0)
+            compact = decode(Plan, encode(solver.compact_plan(h, epoch=step, now=0.0)))
+            if solver.is_shared(h):
+                assert compact.shared is not None and compact.routes == []
+                assert all(b.routes == [] and b.withdraw == [] for b in compact.backups)
+                assert expand_plan(compact, peers) == full
+            else:
+                assert compact.shared is None and compact == full
+
+
+@settings(max_examples=100, deadline=None)
+@given(fabrics_and_histories())
+def test_compact_plans_reported_unchanged_are_unchanged(case) -> None:
+    """A host in shared mode left out of take_changed_compact() has the compact plan it had."""
+    fabric, history, degraded_after = case
+    solver = Solver(fabric, {}, degraded_after=degraded_after)
+    assert solver.take_changed_compact() == set(fabric.host_names)
+    last = {h: solver.compact_plan(h, epoch=1, now=0.0) for h in fabric.host_names}
+    for unusable in history:
+        solver.update({h: unusable.get(h, frozenset()) for h in fabric.host_names})
+        changed = solver.take_changed_compact()
+        for h in fabric.host_names:
+            now = solver.compact_plan(h, epoch=1, now=0.0)
+            if h not in changed and now.shared is not None:
+                assert now == last[h]
+            last[h] = now
