@@ -456,14 +456,14 @@ class _Run:
         causes, self.causes = self.causes, set()
         solved = self.state.solve(WALL0 + t)
         self.report.solves += 1
-        if solved.plans:
+        if solved.hosts:
             self.report.reroutes += 1
-        for p in solved.plans:
-            self.report.plans_per_host[p.host] = self.report.plans_per_host.get(p.host, 0) + 1
+        for h in solved.hosts:
+            self.report.plans_per_host[h] = self.report.plans_per_host.get(h, 0) + 1
             for c in causes:
-                self.per_event[c][p.host] += 1
+                self.per_event[c][h] += 1
         for c in causes:
-            if c in self.down and c not in self.timing and solved.plans:
+            if c in self.down and c not in self.timing and solved.hosts:
                 self.timing[c] = round((t - c[1]) * 1000, 6)
         self._settle(t)
 

@@ -115,6 +115,9 @@ class TopologyService:
         self.solves = 0
         self.plans_published = 0
         self.plans_per_host: Counter[str] = Counter()
+        #: hosts the last publish waits for an applied ack from; (epoch, hosts, publish time)
+        self._awaiting: set[str] = set()
+        self._awaited: tuple[int, int, float] = (0, 0, 0.0)
         self.inventories: dict[str, HostInventory] = {}
         #: hosts the fabric does not list whose agent says it is online (``unknown_host``)
         self.strangers: set[str] = set()
@@ -352,7 +355,10 @@ class TopologyService:
             log.info("host_status", host=obj.host, online=obj.online)
         elif isinstance(obj, Ack):
             self.state.on_ack(obj)
-            (log.info if obj.result == AckResult.APPLIED else log.warning)(
+            self._on_applied(obj)
+            # one line per host and event would be thousands a minute at fleet scale: the
+            # applied ones are debug, ``plans_acked`` says when all hosts are through
+            (log.debug if obj.result == AckResult.APPLIED else log.warning)(
                 "ack",
                 host=obj.host,
                 epoch=obj.epoch,
@@ -365,6 +371,25 @@ class TopologyService:
             self.state.on_retained_plan(obj)
         elif isinstance(obj, PeerRoutes) and msg.retain:
             self.state.on_retained_peers(obj)
+
+    def _on_applied(self, ack: Ack) -> None:
+        """Count ``ack`` against the hosts the last publish waits for; the last one logs
+        ``plans_acked`` (epoch, hosts, ms from the publish to the last ack)."""
+        waiting = self._awaiting
+        if ack.host not in waiting or ack.result != AckResult.APPLIED:
+            return
+        due = self.state.acked_epoch(ack.host)
+        if due is not None and ack.epoch < due:
+            return
+        waiting.discard(ack.host)
+        if not waiting:
+            epoch, hosts, since = self._awaited
+            log.info(
+                "plans_acked",
+                epoch=epoch,
+                hosts=hosts,
+                ms=round((time.monotonic() - since) * 1000, 1),
+            )
 
     async def _on_stale_plan(self, msg: BusMessage, host: str, kind: str = "plan") -> None:
         """A retained plan (``kind`` plan) or peer routes (peers) of ``host``, which the fabric
@@ -665,14 +690,17 @@ class TopologyService:
             await asyncio.gather(
                 *(self.bus.publish(topic, data, retain=True) for topic, data in chunk)
             )
-        for p in solved.plans:
+        for h in solved.hosts:
             self.plans_published += 1
-            self.plans_per_host[p.host] += 1
+            self.plans_per_host[h] += 1
         t3 = time.monotonic()
+        if solved.hosts:
+            self._awaiting = set(self.state.pending_acks(solved.hosts))
+            self._awaited = (solved.epoch, len(self._awaiting), t3)
         log.info(
             "plans_published",
             epoch=solved.epoch,
-            changed=len(solved.plans),
+            changed=len(solved.hosts),
             messages=len(payloads),
             peer_routes=len(solved.peers),
             unchanged=solved.unchanged,

@@ -21,7 +21,7 @@ route change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from linkguard.models import (
@@ -34,6 +34,7 @@ from linkguard.models import (
     Plan,
     PortState,
     PortStatus,
+    expand_plan,
 )
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.health import Health, SwitchModel
@@ -46,23 +47,65 @@ UNUSABLE = frozenset({PortStatus.DOWN, PortStatus.HELD_DOWN, PortStatus.SUPPRESS
 
 @dataclass(frozen=True)
 class Fresh:
-    """One solve's output (:meth:`FabricState.compute`): by host, the full plans, the plans as
-    published (compact for whole hosts in shared mode) and the peer routes that may have
-    changed."""
+    """One solve's output (:meth:`FabricState.compute`): the hosts whose full plan changed
+    (the solver's answer; every host on the first build), the plans as published (compact
+    for whole hosts in shared mode) that may have changed, and the peer routes that may
+    have."""
 
-    plans: dict[str, Plan]
+    changed: list[str]
     published: dict[str, Plan]
     peers: dict[str, PeerRoutes] = field(default_factory=dict)
 
 
+class FullPlans(Mapping[str, Plan]):
+    """Every host's full plan, read-only, derived from what is on the bus: a full plan as
+    published, or a compact one expanded with the peer routes
+    (:func:`~linkguard.models.expand_plan`: exactly the solver's full plan, with the epoch the
+    host acks), built on first access and kept until either changes. The solve never builds
+    them (2,048 plan models per event at 2,048 hosts)."""
+
+    def __init__(self, state: FabricState) -> None:
+        self._state = state
+        self._cache: dict[str, Plan] = {}
+
+    def __getitem__(self, host: str) -> Plan:
+        plan = self._cache.get(host)
+        if plan is None:
+            pub = self._state.published[host]
+            plan = pub if pub.shared is None else expand_plan(pub, self._state.peers)
+            self._cache[host] = plan
+        return plan
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state.published)
+
+    def __len__(self) -> int:
+        return len(self._state.published)
+
+    def forget(self, hosts: Iterable[str] | None = None) -> None:
+        """Drop the cached plans of ``hosts`` (None: of every host with a compact plan)."""
+        if hosts is None:
+            pub = self._state.published
+            self._cache = {h: p for h, p in self._cache.items() if pub[h].shared is None}
+        else:
+            for h in hosts:
+                self._cache.pop(h, None)
+
+
 @dataclass(frozen=True)
 class Solved:
-    plans: list[Plan]  # full plans whose assignments changed, in host order
+    hosts: list[str]  # hosts whose full plan changed, in host order
     epoch: int
     unchanged: int  # hosts whose full plan did not change
     #: to publish, in host order: plans (``plans/<host>``) and peer routes (``peers/<host>``)
     publish: list[Plan] = field(default_factory=list)
     peers: list[PeerRoutes] = field(default_factory=list)
+    full: Mapping[str, Plan] = field(default_factory=dict, repr=False)
+
+    @property
+    def plans(self) -> list[Plan]:
+        """The full plans of :attr:`hosts` (built on access)."""
+        return [self.full[h] for h in self.hosts]
 
 
 @dataclass
@@ -77,8 +120,6 @@ class FabricState:
     epoch_start: int
     ports: dict[tuple[str, str], PortState] = field(default_factory=dict)  # (host, "hca/port")
     online: dict[str, bool] = field(default_factory=dict)
-    #: every host's full plan (what it should have in place; see the module docstring)
-    plans: dict[str, Plan] = field(default_factory=dict)
     #: what is on the bus: plans (compact or full) and peer routes, retained or published
     published: dict[str, Plan] = field(default_factory=dict)
     peers: dict[str, PeerRoutes] = field(default_factory=dict)
@@ -99,6 +140,8 @@ class FabricState:
         self._switches: SwitchModel | None = None
         self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
         self._peers_epoch = 0  # the highest epoch of the peer routes on the bus
+        #: every host's full plan (what it should have in place; see :class:`FullPlans`)
+        self.plans = FullPlans(self)
 
     @property
     def host_names(self) -> frozenset[str]:
@@ -134,6 +177,7 @@ class FabricState:
         cur = self.published.get(plan.host)
         if cur is None or plan.epoch > cur.epoch:
             self.published[plan.host] = plan
+            self.plans.forget([plan.host])
 
     def on_retained_peers(self, peers: PeerRoutes) -> None:
         """Peer routes published before this process started: diff against them, issue above."""
@@ -144,6 +188,7 @@ class FabricState:
         if cur is None or peers.epoch > cur.epoch:
             self.peers[peers.host] = peers
             self._peers_epoch = max(self._peers_epoch, peers.epoch)
+            self.plans.forget()
 
     def _model(self) -> SwitchModel:
         if self._switches is None:
@@ -258,7 +303,7 @@ class FabricState:
         s = self.solver
         compact = s.take_changed_compact()
         return Fresh(
-            plans={n: s.plan(n, epoch=epoch, now=now) for n in names},
+            changed=list(names),
             # a whole host's compact plan changes only with its own rails (or the degraded
             # ones): the others keep theirs while every full plan gains a peer's /32
             published={
@@ -299,37 +344,33 @@ class FabricState:
             self._epoch = epoch
             self.published.update((p.host, p) for p in publish)
             self.peers.update((pr.host, pr) for pr in peers)
-        changed: list[Plan] = []
-        # the full plans, with the epoch each host acks: all compact ones move with new peers
-        hosts = self.published if peers else fresh.plans
-        for h in sorted(hosts):
-            full = fresh.plans.get(h) or self.plans.get(h)
-            pub = self.published.get(h)
-            if full is None or pub is None:
-                continue
-            epoch = pub.epoch if pub.shared is None else max(pub.epoch, self._peers_epoch)
-            old = self.plans.get(h)
-            if old is None or not full.same_assignments(old):
-                changed.append(full)
-            elif old.epoch == epoch:
-                continue
-            self.plans[h] = (
-                full if full.epoch == epoch else full.model_copy(update={"epoch": epoch})
-            )
+        # the full plans follow: every compact one moves with new peer routes
+        self.plans.forget(None if peers else ())
+        self.plans.forget(p.host for p in publish)
+        changed = [h for h in fresh.changed if h in self.published]
         return Solved(
-            plans=[self.plans[p.host] for p in changed],
+            hosts=changed,
             epoch=self._epoch,
-            unchanged=len(fresh.plans) - len(changed),
+            unchanged=len(self.published) - len(changed),
             publish=publish,
             peers=peers,
+            full=self.plans,
         )
+
+    def acked_epoch(self, host: str) -> int | None:
+        """The epoch ``host`` acks once it applied what it should (None: no plan yet): its
+        plan's, or for a compact plan the highest of that and the peer routes'."""
+        pub = self.published.get(host)
+        if pub is None:
+            return None
+        return pub.epoch if pub.shared is None else max(pub.epoch, self._peers_epoch)
 
     def pending_acks(self, hosts: Iterable[str] | None = None) -> list[str]:
         """Hosts whose last plan has no applied ack with its epoch yet."""
-        names = self.plans.keys() if hosts is None else hosts
+        names = self.published.keys() if hosts is None else hosts
         out = []
         for h in names:
-            a, p = self.acks.get(h), self.plans.get(h)
-            if p is not None and (a is None or a.epoch < p.epoch or a.result != AckResult.APPLIED):
+            a, e = self.acks.get(h), self.acked_epoch(h)
+            if e is not None and (a is None or a.epoch < e or a.result != AckResult.APPLIED):
                 out.append(h)
         return sorted(out)

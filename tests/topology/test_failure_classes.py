@@ -11,6 +11,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.config import BusSettings
@@ -60,9 +61,18 @@ async def test_leaf_down_moves_one_rail_of_the_whole_su_in_one_plan_per_host(
         epoch0 = fleet.service.state.epoch
         before = Counter(fleet.service.plans_per_host)
         t0 = time.monotonic()
-        for inv in fabric.hosts:  # the rail-2 leaf dies: all its host ports go down together
-            fleet.link_down(inv.host, 2)
-        t = await fleet.wait_all_acked(epoch0 + 1)
+        with capture_logs() as logs:
+            for inv in fabric.hosts:  # the rail-2 leaf dies: all its host ports go down
+                fleet.link_down(inv.host, 2)
+            t = await fleet.wait_all_acked(epoch0 + 1)
+            await wait_until(
+                lambda: any(e["event"] == "plans_acked" for e in logs), 5, "plans_acked"
+            )
+        # one line when every host is through, not one per ack
+        acked = [e for e in logs if e["event"] == "plans_acked"]
+        assert [(e["hosts"], e["log_level"]) for e in acked] == [(16, "info")]
+        assert acked[0]["epoch"] == fleet.service.state.epoch and acked[0]["ms"] > 0
+        assert not [e for e in logs if e["event"] == "ack" and e["log_level"] != "debug"]
         print(f"\nleaf down: 16 hosts re-planned and acked in {(t - t0) * 1000:.1f} ms")
         assert fleet.service.state.unusable() == {h.host: frozenset({2}) for h in fabric.hosts}
         delta = Counter(fleet.service.plans_per_host) - before

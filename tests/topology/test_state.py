@@ -161,3 +161,16 @@ def test_incremental_solves_track_the_full_solve() -> None:
         full = solve(FABRIC, s.unusable(), epoch=0, now=0.0)
         assert all(s.plans[h].same_assignments(full[h]) for h in FABRIC.host_names), steps[seq - 1]
     assert s.unusable() == {}
+
+
+def test_full_plans_follow_retained_messages_read_after_them() -> None:
+    """A full plan looked at while retained messages still arrive is rebuilt when they do."""
+    plans, peers = _retained({"gpu000": frozenset({0})}, 300)
+    s = FabricState(fabric=FABRIC, epoch_start=10)
+    s.on_retained_plan(plans[1])
+    assert s.plans["gpu001"].routes == [] and s.plans["gpu001"].epoch == 300  # no peers yet
+    s.on_retained_peers(peers[0])
+    assert [(r.peer, r.peer_gpu) for r in s.plans["gpu001"].routes] == [("gpu000", 0)]
+    newer = plans[1].model_copy(update={"epoch": 301})
+    s.on_retained_plan(newer)
+    assert s.plans["gpu001"].epoch == 301
