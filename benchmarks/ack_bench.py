@@ -171,13 +171,14 @@ def _quiet_logs(processor: Callable | None = None) -> None:
 
 
 def _all_acked(service: TopologyService, n: int, floor: int) -> bool:
-    acks, plans = service.state.acks, service.state.plans
-    return len(plans) == n and all(
+    state = service.state
+    acks = state.acks
+    return len(state.published) == n and all(
         (a := acks.get(h)) is not None
         and a.result == AckResult.APPLIED
-        and a.epoch == p.epoch
+        and a.epoch == state.acked_epoch(h)
         and a.epoch >= floor
-        for h, p in plans.items()
+        for h in state.published
     )
 
 
@@ -428,7 +429,8 @@ async def _bench(args: argparse.Namespace, workdir: Path) -> None:
                     profiler.disable()
                 f.cpu_ms = [(time.process_time() - cpu0) * 1000]
                 f.cpu_ms += [c * 1000 for c in await fleet.cpu()]
-                f.plans = sum(1 for p in service.state.plans.values() if p.epoch >= f.epoch)
+                st = service.state
+                f.plans = sum(1 for h in st.published if (st.acked_epoch(h) or 0) >= f.epoch)
                 probe.current = None
                 faults.append(f)
                 epoch1 = service.state.epoch

@@ -171,7 +171,9 @@ class AgentSettings(_Base):
     shutdown_policy: Literal["keep", "withdraw"] = Field(
         "keep", description="on SIGTERM: keep the routes in place, or withdraw table and rules"
     )
-    refresh_interval_s: float = Field(30.0, ge=1, description="re-publish all port states")
+    refresh_interval_s: float = Field(
+        30.0, ge=1, description="re-publish all port states this often (s, +-10 % jitter)"
+    )
 
     @field_validator("route_table")
     @classmethod

@@ -134,11 +134,12 @@ class SimulatedFleet:
 
     def all_acked(self, epoch_floor: int = 0) -> bool:
         """Every host applied its current plan, of epoch ``epoch_floor`` or later."""
-        acks, plans = self.service.state.acks, self.service.state.plans
-        return len(plans) == len(self.agents) and all(
+        state = self.service.state  # epochs only: no full plan is built for this
+        acks = state.acks
+        return len(state.published) == len(self.agents) and all(
             h in acks
             and acks[h].result == AckResult.APPLIED
-            and acks[h].epoch == plans[h].epoch
+            and acks[h].epoch == state.acked_epoch(h)
             and acks[h].epoch >= epoch_floor
             for h in self.agents
         )

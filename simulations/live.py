@@ -596,7 +596,7 @@ class _Live:
         if not self.fleet.all_acked():
             return None
         agents = self.fleet.agents
-        if any(agents[h].applier.applied_epoch != p.epoch for h, p in state.plans.items()):
+        if any(agents[h].applier.applied_epoch != state.acked_epoch(h) for h in state.published):
             return None
         truth = self.truth()
         if {h: r for h, r in state.unusable().items() if r} != truth:
@@ -643,8 +643,11 @@ class _Live:
         state = service.state
         if state.dirty or getattr(getattr(service, "backoff", None), "due", None) is not None:
             self.owed = (id(service), service.solves)  # a solve is due: not settled before it
-        for h, p in state.plans.items():
-            self.plan_seen.setdefault((h, p.epoch), now)
+        # epochs only (the full plans are built for the oracle), and not while a restarted
+        # service still reads the retained plans and peer routes: before its first solve its
+        # view of them (and of the epochs hosts ack) is partial
+        for h in state.published if state.solver is not None else ():
+            self.plan_seen.setdefault((h, state.acked_epoch(h)), now)
         for h, a in state.acks.items():
             if a.result == AckResult.APPLIED:
                 self.ack_seen.setdefault((h, a.epoch), now)
@@ -709,8 +712,8 @@ class _Live:
             return f"hosts without an applied ack of their plan: {', '.join(pending[:6])}"
         behind = sorted(
             h
-            for h, p in state.plans.items()
-            if self.fleet.agents[h].applier.applied_epoch != p.epoch
+            for h in state.published
+            if self.fleet.agents[h].applier.applied_epoch != state.acked_epoch(h)
         )
         if behind:
             return f"agents not at the service's epoch: {', '.join(behind[:6])}"
@@ -787,7 +790,8 @@ class _Live:
         first = events[0]
         key: Transition = (first.entry, first.at_s)
         before = self.truth()
-        epoch_before = max((p.epoch for p in self.fleet.service.state.plans.values()), default=0)
+        state = self.fleet.service.state
+        epoch_before = max((state.acked_epoch(h) or 0 for h in state.published), default=0)
         t0, wall0 = time.monotonic(), time.time()
         faults_changed = False
         for e in events:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import signal
 import time
 from collections import Counter
@@ -606,8 +607,10 @@ class Agent:
             await self._handle(out)
 
     async def _refresh(self) -> None:
+        """Re-publish every port state each ``refresh_interval_s``, +-10 % at random: agents
+        started together (a fleet reboot) do not refresh in one burst on the broker."""
         while True:
-            await asyncio.sleep(self.settings.refresh_interval_s)
+            await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
 
