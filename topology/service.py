@@ -5,7 +5,8 @@ Tasks: ``bus`` (subscribes to every host topic, to retained plans and peer route
 ``solver`` (waits for a state change, waits as the RFC 8405 back-off says
 (:mod:`linkguard.topology.backoff`: ``solve_initial_delay_ms`` after a quiet period, then
 ``debounce_ms`` batches, then ``solve_long_delay_ms`` while changes keep coming), solves,
-publishes the changed peer routes, then the changed plans, retained with a new epoch) and
+publishes the changed full plans, the changed peer routes, then the changed compact plans,
+retained with a new epoch) and
 ``auditor`` (the fleet audit, retained on ``service/audit``).
 Retained plans and peer routes of hosts the fabric does not list (the fleet shrank, or a
 service ran on another fabric) are deleted from the broker after the startup settle
@@ -675,11 +676,17 @@ class TopologyService:
         t1 = time.monotonic()
 
         def encoded() -> list[tuple[str, bytes]]:
-            # peer routes first: a host whose compact plan and peers both change gets them in
-            # that order (one publisher, QoS 1: in order), never a plan ahead of its peers
-            return [(topics.peer_routes(p.host), encode(p)) for p in solved.peers] + [
-                (topics.plan(p.host), encode(p)) for p in solved.publish
-            ]
+            # one publisher, QoS 1: delivered in this order. Full plans first (a host that
+            # just lost a rail applies its new plan once, and the peer routes that follow do
+            # not touch a full plan), then the peer routes, then compact plans (a host that is
+            # whole again expands its plan with the peer routes of the same solve)
+            full = [p for p in solved.publish if p.shared is None]
+            compact = [p for p in solved.publish if p.shared is not None]
+            return (
+                [(topics.plan(p.host), encode(p)) for p in full]
+                + [(topics.peer_routes(p.host), encode(p)) for p in solved.peers]
+                + [(topics.plan(p.host), encode(p)) for p in compact]
+            )
 
         payloads = await asyncio.to_thread(encoded)
         t2 = time.monotonic()

@@ -336,9 +336,9 @@ class FabricState:
             if peers:
                 peers = [pr.model_copy(update={"epoch": epoch}) for pr in peers]
                 self._peers_epoch = epoch
-                # plans of the same solve one above: a host whose plan changes acks it, not
-                # the peer routes that reach it first (published first, applied with the
-                # plan it had)
+                # plans of the same solve one above: a host whose plan changes acks that
+                # plan, never the peer routes alone (the service publishes full plans, then
+                # peer routes, then compact plans)
                 epoch += bool(publish)
             publish = [p.model_copy(update={"epoch": epoch}) for p in publish]
             self._epoch = epoch

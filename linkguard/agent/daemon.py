@@ -432,8 +432,8 @@ class Agent:
             if plan.same_assignments(applied):
                 log.debug("plan_already_applied", epoch=plan.epoch)
                 return
-            # the epoch's peer routes came first and were applied with the compact plan
-            # this one replaces (a host that just lost a rail): apply it all the same
+            # the same epoch, other content: an expansion of the compact plan this one
+            # replaces was applied with it (retained copies arrive in any order): apply
             await self._apply(plan, same_epoch=True)
             return
         await self._apply(plan)
