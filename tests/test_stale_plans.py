@@ -19,11 +19,12 @@ from linkguard.agent.monitor import DampingPolicy
 from linkguard.bus import Bus, BusMessage
 from linkguard.config import BusSettings, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
-from linkguard.models import Plan, decode
+from linkguard.models import PeerRoutes, Plan, decode, encode
 from linkguard.presence import DuplicateInstanceError
 from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import Fabric, generate_rail_optimized
 from linkguard.topology.service import TopologyService
+from linkguard.topology.solver import Solver
 from tests.support import until
 
 BIG = generate_rail_optimized(hosts=4, rails=2)  # gpu000..gpu003
@@ -141,3 +142,46 @@ async def test_a_duplicate_service_on_another_fabric_clears_nothing(mosquitto) -
         assert not [e for e in logs if e["event"] == "stale_plan_cleared"]
         after = await _retained_plans(mosquitto.port)
         assert {h: p.epoch for h, p in after.items()} == {h: p.epoch for h, p in before.items()}
+
+
+@pytest.mark.real
+async def test_peer_routes_of_hosts_the_fabric_lost_are_cleared(mosquitto, tmp_path: Path) -> None:
+    """gpu003 of the big fabric had lost a rail: every host had its peer routes. The service
+    of the shrunk fabric deletes them (``stale_peers_cleared``); its own hosts' stay."""
+    solver = Solver(BIG, {"gpu003": {1}, "gpu001": {0}})
+    async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="old-service") as old:
+        await old.wait_connected(10)
+        for h in ("gpu001", "gpu003"):
+            pr = solver.peer_routes(h, epoch=77, now=1.0)
+            assert await old.publish(topics.peer_routes(h), encode(pr), retain=True)
+    with capture_logs() as logs:
+        async with _running(_service(mosquitto.port, SMALL)) as service:
+            await until(
+                lambda: any(e["event"] == "stale_peers_cleared" for e in logs), "the clearing"
+            )
+            # gpu001 is in the small fabric and whole now: its message is replaced, not cut
+            await until(lambda: service.state.peers["gpu001"].classes == [], "gpu001 whole")
+    cleared = [(e["host"], e["epoch"]) for e in logs if e["event"] == "stale_peers_cleared"]
+    assert cleared == [("gpu003", 77)]
+    got: dict[str, bytes] = {}
+    done = asyncio.Event()
+
+    async def on_message(msg: BusMessage) -> None:
+        if msg.topic == MARKER:
+            done.set()
+        elif msg.retain:
+            got[msg.topic] = msg.payload
+
+    async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="m") as marker:
+        await marker.wait_connected(10)
+        assert await marker.publish(MARKER, b"end", retain=True)
+    async with Bus(
+        host="127.0.0.1",
+        port=mosquitto.port,
+        client_id="peers-reader",
+        subscriptions=[topics.all_peer_routes(), MARKER],
+        handler=on_message,
+    ):
+        await asyncio.wait_for(done.wait(), 10)
+    assert sorted(got) == [topics.peer_routes("gpu001")]
+    assert decode(PeerRoutes, got[topics.peer_routes("gpu001")]).classes == []

@@ -368,10 +368,13 @@ class TopologyService:
                 apply_ms=obj.apply_ms,
                 error=obj.error,
             )
-        elif isinstance(obj, Plan) and msg.retain:
-            self.state.on_retained_plan(obj)
-        elif isinstance(obj, PeerRoutes) and msg.retain:
-            self.state.on_retained_peers(obj)
+        elif isinstance(obj, (Plan, PeerRoutes)) and msg.retain:
+            if isinstance(obj, Plan):
+                self.state.on_retained_plan(obj)
+            else:
+                self.state.on_retained_peers(obj)
+            if self.state.dirty and self._settled:  # it came after the first solve
+                self._changed(urgent=False)
 
     def _on_applied(self, ack: Ack) -> None:
         """Count ``ack`` against the hosts the last publish waits for; the last one logs

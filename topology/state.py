@@ -140,6 +140,10 @@ class FabricState:
         self._switches: SwitchModel | None = None
         self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
         self._peers_epoch = 0  # the highest epoch of the peer routes on the bus
+        # hosts whose retained plan or peer routes arrived after the first solve (to compare
+        # at the next one), and the ones the solve in progress compares
+        self._late: set[str] = set()
+        self._recheck: set[str] = set()
         #: every host's full plan (what it should have in place; see :class:`FullPlans`)
         self.plans = FullPlans(self)
 
@@ -178,6 +182,7 @@ class FabricState:
         if cur is None or plan.epoch > cur.epoch:
             self.published[plan.host] = plan
             self.plans.forget([plan.host])
+            self._arrived_late(plan.host)
 
     def on_retained_peers(self, peers: PeerRoutes) -> None:
         """Peer routes published before this process started: diff against them, issue above."""
@@ -189,6 +194,12 @@ class FabricState:
             self.peers[peers.host] = peers
             self._peers_epoch = max(self._peers_epoch, peers.epoch)
             self.plans.forget()
+            self._arrived_late(peers.host)
+
+    def _arrived_late(self, host: str) -> None:
+        if self.solver is not None:  # after the first solve: compare it at the next one
+            self._late.add(host)
+            self.dirty = True
 
     def _model(self) -> SwitchModel:
         if self._switches is None:
@@ -277,6 +288,7 @@ class FabricState:
         """Take the current unusable rails for a solve (clears ``dirty``). Call on the thread
         that records states; hand the result to :meth:`compute`."""
         self.dirty = False
+        self._recheck, self._late = self._late, set()
         return self.unusable()
 
     def compute(self, unusable: dict[str, frozenset[int]], *, now: float) -> Fresh:
@@ -301,7 +313,10 @@ class FabricState:
             peer_names = self.solver.take_changed_peers()
         self._solved_unusable = dict(unusable)
         s = self.solver
-        compact = s.take_changed_compact()
+        # retained messages read after the first solve (a short startup settle): compare them
+        late = {h for h in self._recheck if h in self._hosts}
+        peer_names = sorted(set(peer_names) | late)
+        compact = s.take_changed_compact() | late
         return Fresh(
             changed=list(names),
             # a whole host's compact plan changes only with its own rails (or the degraded

@@ -174,3 +174,20 @@ def test_full_plans_follow_retained_messages_read_after_them() -> None:
     newer = plans[1].model_copy(update={"epoch": 301})
     s.on_retained_plan(newer)
     assert s.plans["gpu001"].epoch == 301
+
+
+def test_retained_messages_read_after_the_first_solve_are_compared_at_the_next() -> None:
+    s = FabricState(fabric=FABRIC, epoch_start=400)
+    s.solve(0.0)
+    assert not s.dirty
+    plans, peers = _retained({"gpu002": frozenset({1})}, 300)  # a previous service's
+    s.on_retained_plan(plans[2])  # older than the one this service published: ignored
+    assert not s.dirty
+    s.on_retained_peers(peers[0])
+    assert s.dirty  # a solve is due
+    solved = s.solve(1.0)
+    # nothing is impaired now: gpu002's peer routes are emptied, nothing else moves
+    assert [(pr.host, pr.classes, pr.epoch) for pr in solved.peers] == [("gpu002", [], 401)]
+    assert solved.publish == []
+    again = s.solve(2.0)
+    assert again.publish == [] and again.peers == [] and not s.dirty
