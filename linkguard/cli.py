@@ -1082,6 +1082,11 @@ def _sim_lab(args: argparse.Namespace) -> int:
         check_lab_scenario(loaded)
     except (ScenarioError, LabRunError) as exc:
         return _fail(str(exc), 2)
+    if args.workdir is not None:  # before any namespace exists: a clear error, nothing built
+        try:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return _fail(f"--workdir {args.workdir}: {exc.strerror or exc}", 2)
     _quiet_sim_logging(configure_logging)
 
     stopped_by: list[str] = []

@@ -114,7 +114,8 @@ async def run_quickstart(
                             for r, n in sorted(spread.items())
                         )
                         say(
-                            f"    {h}: {len(moved[h])} peer endpoints moved off rail "
+                            f"    {h}: {len(moved[h])} peer "
+                            f"endpoint{'s' if len(moved[h]) != 1 else ''} moved off rail "
                             f"{victim_rail}: {to}"
                         )
                 new_rail = {a.gpu: a.rail for a in va.applier.plan.rail_assignments}

@@ -195,7 +195,8 @@ class RunReport(PlanCounts):
             f"  {self.events} events in {self.duration_s:g} s simulated, solve back-off "
             f"{'/'.join(f'{d:g}' for d in self.solve_delays_ms)} ms; {self.solves} solves, "
             f"{self.reroutes} reroutes",
-            f"  plans: {self.plans_total} published, at most {self.plans_max_per_host} per host, "
+            f"  plans: {self.plans_total} new host plans, "
+            f"at most {self.plans_max_per_host} per host, "
             f"{self.max_plans_per_host_per_event} per host per event",
             f"  down transitions: {len(self.faults)}, rerouted {len(timed)}"
             + (f" (max {max(timed):g} ms)" if timed else ""),

@@ -311,7 +311,8 @@ class LiveReport(PlanCounts):
             f"time, fleet at rest after {self.startup_s:.1f} s), solve back-off "
             f"{'/'.join(f'{d:g}' for d in self.solve_delays_ms) or self.debounce_ms} ms; "
             f"{self.solves} solves",
-            f"  plans: {self.plans_total} published, at most {self.plans_max_per_host} per host, "
+            f"  plans: {self.plans_total} new host plans, "
+            f"at most {self.plans_max_per_host} per host, "
             f"{self.max_plans_per_host_per_event} per host per event",
             f"  down transitions: {len(self.faults)}, rerouted {len(rerouted)}",
         ]
@@ -324,7 +325,8 @@ class LiveReport(PlanCounts):
                 what.append(f"fast path {ms(f.fast_path_ms)} ms")
             if f.epoch is not None:
                 what.append(
-                    f"{f.plans} plans (epoch {f.epoch}), acked first {ms(f.first_ack_ms)} / "
+                    f"{f.plans} hosts re-planned (epoch {f.epoch}), "
+                    f"acked first {ms(f.first_ack_ms)} / "
                     f"last {ms(f.last_ack_ms)} ms"
                     + ("" if f.acked == f.plans else f" ({f.acked} acked)")
                 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import random
 import signal
@@ -266,6 +267,15 @@ class Agent:
         if self.applier.restored is not None:  # retained copies of these change nothing
             self.plan_received, peers = self.applier.restored
             self.peers = dict(peers)
+        if self.applier.plan is not None:  # announced on connect: replaces a stale one
+            errors = self.applier.last_result.errors if self.applier.last_result else []
+            self.last_ack = Ack(
+                host=self.host,
+                epoch=self.applier.plan.epoch,
+                result=AckResult.FAILED if errors else AckResult.APPLIED,
+                error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
+                applied_at=time.time(),
+            )
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.bus.run(), name="bus")
@@ -420,7 +430,8 @@ class Agent:
             return
         if plan.shared is not None:
             if self.plan_received is not None and plan.epoch < self.plan_received.epoch:
-                return  # an older retained plan than the one in hand
+                self._stale(msg, plan.epoch, self.plan_received.epoch)
+                return
             if plan != self.plan_received:  # what the applier expands on a restart
                 atomic_write(self.applier.plan_path, msg.payload, mode=0o600)
             self.plan_received = plan
@@ -474,25 +485,52 @@ class Agent:
             return
         old = self.peers.get(peer)
         if old is not None and old.epoch >= pr.epoch:
-            return  # the same or an older one (a redelivery)
-        self.peers[peer] = pr
-        atomic_write(self._peer_path(peer), msg.payload, mode=0o600)  # as received
-        await self._apply_expanded()
+            self._stale(msg, pr.epoch, old.epoch)
+            return
+        outside = [e for e in pr.endpoints if not self._in_scope(e)]
+        if outside:
+            self.stats.messages_dropped["out_of_scope"] += 1
+            log.warning(
+                "message_dropped",
+                topic=msg.topic,
+                reason="out_of_scope",
+                detail=f"endpoints {outside[:4]} outside the configured endpoint prefixes",
+            )
+            return
+        # kept (and persisted) only once it is known to apply: a refused one changes nothing,
+        # and the ones that follow it are judged against what was kept
+        candidate = {**self.peers, peer: pr}
+        if await self._apply_expanded(candidate):
+            self.peers = candidate
+            atomic_write(self._peer_path(peer), msg.payload, mode=0o600)  # as received
+
+    def _in_scope(self, endpoint: str) -> bool:
+        prefixes = self.applier.prefixes
+        return not prefixes or any(ipaddress.IPv4Address(endpoint) in p for p in prefixes)
+
+    def _stale(self, msg: BusMessage, epoch: int, have: int) -> None:
+        """A message no newer than the one in hand: a redelivery of the same epoch is normal
+        (every reconnect); an older one is counted and logged."""
+        if epoch == have:
+            log.debug("message_redelivered", topic=msg.topic, epoch=epoch)
+            return
+        self.stats.messages_dropped["stale_epoch"] += 1
+        log.info("message_dropped", topic=msg.topic, reason="stale_epoch", epoch=epoch, have=have)
 
     def _peer_path(self, peer: str) -> Path:
         return self.applier.peers_dir / f"{peer}.json"
 
-    async def _apply_expanded(self) -> None:
-        """Apply the compact plan in hand expanded with the peer routes in hand, unless that
-        is what is applied already. An older expansion than the applied plan is left alone
-        (a restart: the retained plan arrives before the peer routes that the last applied
-        plan had); one of the same epoch that differs is applied (retained peer routes arrive
-        in any order)."""
+    async def _apply_expanded(self, peers: dict[str, PeerRoutes] | None = None) -> bool:
+        """Apply the compact plan in hand expanded with ``peers`` (default: the peer routes in
+        hand), unless that is what is applied already. An older expansion than the applied
+        plan is left alone (a restart: the retained plan arrives before the peer routes that
+        the last applied plan had); one of the same epoch that differs is applied (retained
+        peer routes arrive in any order). False when the expansion was refused."""
         plan = self.plan_received
         if plan is None or plan.shared is None:
-            return
+            return True
         try:
-            full = expand_plan(plan, self.peers)
+            full = expand_plan(plan, self.peers if peers is None else peers)
         except ValueError as exc:
             self.stats.plans_refused["invalid"] += 1
             log.warning("plan_refused", epoch=plan.epoch, reason="invalid", detail=str(exc))
@@ -505,26 +543,28 @@ class Agent:
                     applied_at=time.time(),
                 )
             )
-            return
+            return False
         applied = self.applier.plan
         if applied is not None and (
             full.epoch < applied.epoch
             or (full.epoch == applied.epoch and full.same_assignments(applied))
         ):
-            return
-        await self._apply(full, same_epoch=True, persist=False)
+            return True
+        return await self._apply(full, same_epoch=True, persist=False)
 
-    async def _apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> None:
+    async def _apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> bool:
+        """Apply ``plan`` and ack it; False when it was refused."""
         async with self._lock:
             ack = await self.applier.apply(plan, same_epoch=same_epoch, persist=persist)
         if ack.result == AckResult.REFUSED:
             reason = (ack.error or "").split(":", 1)[0]
             self.stats.plans_refused[reason] += 1
             if reason == "stale_epoch":
-                return  # an old retained plan; nothing to report to the service
+                return False  # an old retained plan; nothing to report to the service
         else:
             self.stats.plans_applied += 1
         await self._send_ack(ack)
+        return ack.result != AckResult.REFUSED
 
     def _on_plan_cleared(self) -> None:
         """A zero-length payload on the plan topic: MQTT's deletion of the retained plan (the

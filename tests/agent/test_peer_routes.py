@@ -185,3 +185,32 @@ async def test_bad_peer_routes_are_refused_and_change_nothing(mosquitto, tmp_pat
         assert rig.table.routes == before and rig.agent.applier.plan is plan_before
     rig.agent.stop()
     await asyncio.wait_for(task, 10)
+
+
+async def test_a_refused_peer_message_is_not_kept(mosquitto, tmp_path: Path) -> None:
+    """A forged peers message (an endpoint outside the configured prefixes, a higher epoch)
+    is dropped, not kept or persisted: the real ones after it still apply."""
+    rig = await _rig(mosquitto, tmp_path)
+    rig.solver.update({A: {2}})
+    task = asyncio.create_task(rig.agent.run())
+    async with rig.sender:
+        await rig.sender.wait_connected(10)
+        await rig.agent.bus.wait_connected(10)
+        await rig.peers(A, 40)
+        await rig.plan(40)
+        await until(lambda: rig.applied(40), "the good state")
+        forged = json.loads(encode(rig.solver.peer_routes(A, epoch=10**6, now=1.0)))
+        forged["endpoints"][2] = "8.8.8.8"
+        await rig.sender.publish(topics.peer_routes(A), json.dumps(forged).encode(), retain=True)
+        await until(lambda: rig.agent.stats.messages_dropped["out_of_scope"] == 1, "dropped")
+        assert rig.agent.peers[A].epoch == 40
+        assert not (tmp_path / HOST / "peers" / f"{A}.json").read_bytes().count(b"8.8.8.8")
+        # an older one is counted as stale; the service's next real one applies
+        await rig.peers(A, 39)
+        await until(lambda: rig.agent.stats.messages_dropped["stale_epoch"] == 1, "stale")
+        rig.solver.update({A: set()})
+        await rig.peers(A, 41)
+        await until(lambda: rig.applied(41), "the real update after the forged one")
+        assert rig.agent.applier.plan.routes == []
+    rig.agent.stop()
+    await asyncio.wait_for(task, 10)

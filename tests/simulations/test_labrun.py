@@ -104,6 +104,14 @@ def test_lab_refuses_file_fabrics_and_large_fabrics(tmp_path: Path) -> None:
     assert main(["sim", "lab", str(tmp_path / "big.yaml")]) == 2
 
 
+def test_lab_workdir_that_cannot_be_made_is_a_clear_error(capsys) -> None:
+    require_root()  # the check after the scenario's: it needs the lab's environment
+    path = str(SCENARIOS_DIR / "single-link-down.yaml")
+    args = ["sim", "lab", path, "--workdir", "/proc/linkguard-x"]
+    assert main(args) == 2
+    assert "--workdir /proc/linkguard-x: No such file or directory" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------
 # On the kernel
 
