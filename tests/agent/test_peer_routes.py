@@ -214,3 +214,41 @@ async def test_a_refused_peer_message_is_not_kept(mosquitto, tmp_path: Path) -> 
         assert rig.agent.applier.plan.routes == []
     rig.agent.stop()
     await asyncio.wait_for(task, 10)
+
+
+async def test_restart_restores_plan_and_peers_from_disk_and_acks_them(
+    mosquitto, tmp_path: Path
+) -> None:
+    """A restarted agent expands the compact plan and peer routes it persisted, announces
+    the ack of that epoch (replacing whatever was retained), and the retained copies that
+    arrive next change nothing: no re-apply, no table change."""
+    rig = await _rig(mosquitto, tmp_path)
+    rig.solver.update({A: {2}, B: {1}})
+    task = asyncio.create_task(rig.agent.run())
+    async with rig.sender:
+        await rig.sender.wait_connected(10)
+        await rig.agent.bus.wait_connected(10)
+        await rig.peers(A, 50)
+        await rig.peers(B, 51)
+        await rig.plan(50)
+        await until(lambda: rig.applied(51), "plan and both peers")
+        table = dict(rig.table.routes)
+        rig.agent.stop()
+        await asyncio.wait_for(task, 10)
+        # the service meanwhile retained a refused ack of this host (a stale one)
+        stale = Ack(host=HOST, epoch=49, result=AckResult.FAILED, applied_at=1.0, error="x")
+        await rig.sender.publish(topics.ack(HOST), encode(stale), retain=True)
+        await until(lambda: rig.acks and rig.acks[-1].epoch == 49, "the stale ack")
+
+        again = await _rig(mosquitto, tmp_path)
+        again.agent.table.routes.update(table)  # the kernel kept them across the restart
+        task = asyncio.create_task(again.agent.run())
+        await until(
+            lambda: rig.acks[-1].epoch == 51 and rig.acks[-1].result == AckResult.APPLIED,
+            "the restarted agent's ack of what it reconciled",
+        )
+        assert again.agent.applier.plan.same_assignments(rig.full(51))
+        await until(lambda: set(again.agent.peers) == {A, B}, "the retained peers")
+        assert again.agent.stats.plans_applied == 0 and again.agent.table.routes == table
+        again.agent.stop()
+        await asyncio.wait_for(task, 10)
