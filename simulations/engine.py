@@ -140,6 +140,37 @@ class ExpectResult:
     held: bool
     detail: str
 
+    @classmethod
+    def reachability(
+        cls, mismatches: int, looked: int, what: str, *, unsettled: int = 0
+    ) -> ExpectResult:
+        """The oracle's verdict: held when it found no mismatch in ``looked`` ``what``
+        (settles, checks) and nothing stayed unsettled."""
+        return cls(
+            "reachability",
+            True,
+            mismatches,
+            mismatches == 0 and not unsettled,
+            f"{mismatches} oracle mismatches in {looked} {what}"
+            + (f", {unsettled} not settled" if unsettled else ""),
+        )
+
+    @classmethod
+    def plans_per_event(
+        cls, most: int, limit: int, *, per: str = "event", where: str = ""
+    ) -> ExpectResult:
+        """``max_plans_per_host_per_event``: held when no host got more than ``limit`` new
+        plans for one event (``per``); ``where``: the host and event of the worst, if known."""
+        return cls(
+            "max_plans_per_host_per_event",
+            limit,
+            most,
+            most <= limit,
+            f"at most {most} plan(s) per host per {per}"
+            + (f" ({where})" if where else "")
+            + f", limit {limit}",
+        )
+
 
 @dataclass
 class RunReport(PlanCounts):
@@ -516,15 +547,7 @@ class _Run:
         ex, r = self.loaded.scenario.expect, self.report
         out = []
         if ex.reachability:
-            out.append(
-                ExpectResult(
-                    "reachability",
-                    True,
-                    r.mismatch_count,
-                    r.mismatch_count == 0,
-                    f"{r.mismatch_count} oracle mismatches in {r.settles} settles",
-                )
-            )
+            out.append(ExpectResult.reachability(r.mismatch_count, r.settles, "settles"))
         if ex.max_reroute_ms is not None:
             timed = [f for f in r.faults if f.reroute_ms is not None]
             worst = max(timed, key=lambda f: f.reroute_ms or 0.0, default=None)
@@ -544,17 +567,8 @@ class _Run:
                 for h, k in sorted(counts.items())
                 if k == n
             ]
-            detail = f"at most {n} plan(s) per host per event" + (
-                f" ({worst_at[0]})" if worst_at else ""
-            )
             out.append(
-                ExpectResult(
-                    "max_plans_per_host_per_event",
-                    limit,
-                    n,
-                    n <= limit,
-                    detail + f", limit {limit}",
-                )
+                ExpectResult.plans_per_event(n, limit, where=worst_at[0] if worst_at else "")
             )
         return out
 

@@ -910,15 +910,7 @@ class _LabRun:
         r = self.report
         ex = self.sc.expect
         if ex.reachability:
-            r.expectations.append(
-                ExpectResult(
-                    "reachability",
-                    True,
-                    r.mismatch_count,
-                    r.mismatch_count == 0,
-                    f"{r.mismatch_count} oracle mismatches in {r.checks} checks",
-                )
-            )
+            r.expectations.append(ExpectResult.reachability(r.mismatch_count, r.checks, "checks"))
         data = [(g.gap_ms, f) for f in r.faults if f.kind not in _CONTROL_KINDS for g in f.flows]
         if ex.max_reroute_ms is not None:
             worst = max(data, key=lambda x: x[0], default=None)
@@ -940,14 +932,7 @@ class _LabRun:
         if ex.max_plans_per_host_per_event is not None and self.linkguard:
             n = max((f.plans_per_host for f in r.faults), default=0)
             r.expectations.append(
-                ExpectResult(
-                    "max_plans_per_host_per_event",
-                    ex.max_plans_per_host_per_event,
-                    n,
-                    n <= ex.max_plans_per_host_per_event,
-                    f"at most {n} plan(s) per host per fault, limit "
-                    f"{ex.max_plans_per_host_per_event}",
-                )
+                ExpectResult.plans_per_event(n, ex.max_plans_per_host_per_event, per="fault")
             )
         if not self.linkguard and any(e.kind.split("_")[0] in _CONTROL for e in self.events):
             r.notes.append(

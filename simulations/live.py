@@ -1031,13 +1031,8 @@ class _Live:
         out = []
         if ex.reachability:
             out.append(
-                ExpectResult(
-                    "reachability",
-                    True,
-                    r.mismatch_count,
-                    r.mismatch_count == 0 and not r.unsettled,
-                    f"{r.mismatch_count} oracle mismatches in {r.settles} settles"
-                    + (f", {len(r.unsettled)} not settled" if r.unsettled else ""),
+                ExpectResult.reachability(
+                    r.mismatch_count, r.settles, "settles", unsettled=len(r.unsettled)
                 )
             )
         if ex.max_reroute_ms is not None:
@@ -1065,14 +1060,9 @@ class _Live:
                 )
             )
         if ex.max_plans_per_host_per_event is not None:
-            n, limit = r.max_plans_per_host_per_event, ex.max_plans_per_host_per_event
             out.append(
-                ExpectResult(
-                    "max_plans_per_host_per_event",
-                    limit,
-                    n,
-                    n <= limit,
-                    f"at most {n} plan(s) per host per event, limit {limit}",
+                ExpectResult.plans_per_event(
+                    r.max_plans_per_host_per_event, ex.max_plans_per_host_per_event
                 )
             )
         return out

@@ -46,6 +46,14 @@ class Rig:
     def full(self, epoch: int):
         return self.solver.plan(HOST, epoch=epoch, now=1.0)
 
+    async def good_state(self, epoch: int) -> None:
+        """Both sides connected; A's peer routes and the compact plan of ``epoch`` applied."""
+        await self.sender.wait_connected(10)
+        await self.agent.bus.wait_connected(10)
+        await self.peers(A, epoch)
+        await self.plan(epoch)
+        await until(lambda: self.applied(epoch), f"the good state of epoch {epoch}")
+
     def applied(self, epoch: int) -> bool:
         a = self.agent.applier.plan
         return a is not None and a.epoch == epoch and a.same_assignments(self.full(epoch))
@@ -153,11 +161,7 @@ async def test_bad_peer_routes_are_refused_and_change_nothing(mosquitto, tmp_pat
     rig.solver.update({A: {2}})
     task = asyncio.create_task(rig.agent.run())
     async with rig.sender:
-        await rig.sender.wait_connected(10)
-        await rig.agent.bus.wait_connected(10)
-        await rig.peers(A, 30)
-        await rig.plan(30)
-        await until(lambda: rig.applied(30), "the good state")
+        await rig.good_state(30)
         before, plan_before = dict(rig.table.routes), rig.agent.applier.plan
         good = json.loads(encode(rig.solver.peer_routes(B, epoch=31, now=1.0)))
 
@@ -194,11 +198,7 @@ async def test_a_refused_peer_message_is_not_kept(mosquitto, tmp_path: Path) -> 
     rig.solver.update({A: {2}})
     task = asyncio.create_task(rig.agent.run())
     async with rig.sender:
-        await rig.sender.wait_connected(10)
-        await rig.agent.bus.wait_connected(10)
-        await rig.peers(A, 40)
-        await rig.plan(40)
-        await until(lambda: rig.applied(40), "the good state")
+        await rig.good_state(40)
         forged = json.loads(encode(rig.solver.peer_routes(A, epoch=10**6, now=1.0)))
         forged["endpoints"][2] = "8.8.8.8"
         await rig.sender.publish(topics.peer_routes(A), json.dumps(forged).encode(), retain=True)
