@@ -2,8 +2,8 @@
 
 Usage: ``python benchmarks/ack_bench.py [--hosts 256] [--rails 8] [--faults 50]
 [--bus mosquitto|memory] [--procs 0|N] [--hold-down 0.5] [--workdir DIR] [--seed 1]
-[--profile F]``. Needs the ``mosquitto`` binary for ``--bus mosquitto`` (a private one on a
-free loopback port, stopped at the end).
+[--no-baseline] [--profile F]``. Needs the ``mosquitto`` binary for ``--bus mosquitto`` (a
+private one on a free loopback port, stopped at the end).
 
 The real topology service and one real agent per host (simulated ports, in-memory route
 tables), the service's default solve back-off. ``--procs 0`` (default): everything in this one
@@ -21,7 +21,11 @@ followed as the service received them (its ``FabricState.on_ack``, wrapped here)
 plans that epoch had. The breakdown: the port state reaching the service, the back-off wait
 until the solve starts, the service's solve / encode / publish split (its ``plans_published``
 log line), the fan-out until the last ack, and the agents' apply time (their acks'
-``apply_ms``). ``--profile F``: cProfile of this process from each down to its last ack. The
+``apply_ms``). First a baseline run, the same faults on a fresh fleet and broker whose
+agents ack each peer routes message on arrival and do nothing else (:func:`_ack_only`): what
+the broker, the MQTT clients and the event loops cost on this machine, the floor under the
+real run; the report gives both and their ratio (``--no-baseline`` skips it).
+``--profile F``: cProfile of this process from each down to its last ack. The
 agents' state dirs default to a tmpfs (/dev/shm): every plan apply writes and fsyncs two files
 per host, which a fleet does on as many disks in parallel; ``--workdir /tmp/x`` shows the cost
 on this machine's one disk.
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import cProfile
 import gc
+import json
 import logging
 import multiprocessing
 import pstats
@@ -41,7 +46,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -51,8 +56,8 @@ import structlog
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
-from linkguard.bus import Bus
-from linkguard.config import BusSettings, ServiceSettings
+from linkguard.bus import Bus, BusMessage
+from linkguard.config import ApiSettings, BusSettings, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import Ack, AckResult, PortState, PortStatus
 from linkguard.simulations.fleet import SimulatedFleet, agent_settings_for, wait_until
@@ -155,6 +160,33 @@ def _freeze_heap() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _ack_only(enabled: bool) -> Iterator[None]:
+    """The baseline (``enabled``): every agent acks a peer routes message as soon as it
+    arrives, with the epoch it names, and does nothing else (no validation, scope check,
+    expansion, apply or state file). What is left is what the broker, the MQTT clients and the
+    event loops cost on this machine for the same faults: the floor under the real run."""
+    if not enabled:
+        yield
+        return
+    real = Agent._on_peer_routes
+
+    async def ack_only(self: Agent, msg: BusMessage, peer: str) -> None:
+        have = self.plan_received
+        if not msg.payload or have is None:
+            await real(self, msg, peer)
+            return
+        epoch = max(json.loads(msg.payload)["epoch"], have.epoch)
+        ack = Ack(host=self.host, epoch=epoch, result=AckResult.APPLIED, applied_at=time.time())
+        await self._send_ack(ack)
+
+    Agent._on_peer_routes = ack_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Agent._on_peer_routes = real  # type: ignore[method-assign]
+
+
 def _quiet_logs(processor: Callable | None = None) -> None:
     """Warnings and errors to stderr; info and debug only through ``processor``."""
     structlog.configure(
@@ -212,7 +244,8 @@ def _agents_main(conn: Connection, spec: dict) -> None:
     """A worker process: the agents of ``spec["hosts"]`` in one event loop; commands from
     ``conn``: ("down"|"up", host, rail) -> (monotonic, wall) when the port changed; "stop"."""
     _quiet_logs()
-    asyncio.run(_agents(conn, spec))
+    with _ack_only(spec["baseline"]):
+        asyncio.run(_agents(conn, spec))
 
 
 async def _agents(conn: Connection, spec: dict) -> None:
@@ -278,6 +311,7 @@ class _Workers:
         settings: ServiceSettings,
         profile: str | None = None,
         gc_freeze: bool = True,
+        baseline: bool = False,
     ) -> None:
         self.service = TopologyService(settings, fabric=fabric)
         names = fabric.host_names
@@ -297,6 +331,7 @@ class _Workers:
                 "workdir": str(workdir / "fleet"),
                 "profile": f"{profile}.worker{i + 1}" if profile else None,
                 "gc_freeze": gc_freeze,
+                "baseline": baseline,
             }
             self.procs.append(ctx.Process(target=_agents_main, args=(child, spec), daemon=True))
             self._pipes.append(parent)
@@ -338,10 +373,28 @@ class _Workers:
 
 
 async def _bench(args: argparse.Namespace, workdir: Path) -> None:
-    fabric = generate_rail_optimized(hosts=args.hosts, rails=args.rails)
-    n = len(fabric.hosts)
     probe = Probe()
     _quiet_logs(probe.log_processor)
+    runs: dict[str, tuple[list[Fault], float]] = {}
+    for name in (["baseline"] if args.baseline else []) + ["linkguard"]:
+        print(f"-- {name}: " + _RUNS[name])
+        runs[name] = await _run(args, workdir / name, probe, baseline=name == "baseline")
+    faults, wall_s = runs["linkguard"]
+    _print(faults, wall_s, baseline=runs.get("baseline", (None,))[0])
+
+
+_RUNS = {
+    "baseline": "agents ack each peer routes message on arrival and do nothing else",
+    "linkguard": "the real agents",
+}
+
+
+async def _run(
+    args: argparse.Namespace, workdir: Path, probe: Probe, *, baseline: bool
+) -> tuple[list[Fault], float]:
+    """One run of ``args.faults`` faults on a fresh fleet and broker: the faults and the wall s."""
+    fabric = generate_rail_optimized(hosts=args.hosts, rails=args.rails)
+    n = len(fabric.hosts)
     broker = None
     bus_factory = Bus
     bus = BusSettings(reconnect_min_s=0.05, reconnect_max_s=1.0)
@@ -364,9 +417,15 @@ async def _bench(args: argparse.Namespace, workdir: Path) -> None:
                 bus=bus,
                 workdir=workdir,
                 damping=damping,
-                settings=ServiceSettings(bus=bus, debounce_ms=debounce_ms, startup_settle_s=0.2),
+                settings=ServiceSettings(
+                    bus=bus,
+                    debounce_ms=debounce_ms,
+                    startup_settle_s=0.2,
+                    api=ApiSettings(enabled=False),
+                ),
                 profile=args.profile,
                 gc_freeze=args.gc_freeze,
+                baseline=baseline,
             )
             where = f"the service here, the agents in {args.procs} worker processes"
         else:
@@ -394,61 +453,75 @@ async def _bench(args: argparse.Namespace, workdir: Path) -> None:
         async def acked(floor: int) -> None:
             await wait_until(lambda: _all_acked(service, n, floor), 300, f"acks of {floor}")
 
-        async with fleet:
-            await acked(0)
-            ports = n * args.rails
-            await wait_until(lambda: len(service.state.ports) >= ports, 300, "port states")
-            await asyncio.sleep(holddown_s)
-            if args.gc_freeze:
-                _freeze_heap()
-            print(
-                f"{n} agents x {args.rails} rails, {where} ({args.bus} bus), up and quiet in "
-                f"{time.monotonic() - t_start:.1f} s; solve back-off "
-                f"{'/'.join(f'{d:g}' for d in delays)} ms, hold-down {args.hold_down:g} s, "
-                f"state dirs in {workdir}"
-            )
-            faults: list[Fault] = []
-            profiler = cProfile.Profile() if args.profile else None
-            for i in range(args.faults):
-                host = fabric.hosts[rng.randrange(n)].host
-                rail = rng.randrange(args.rails)
-                f = Fault(host, rail, service.state.epoch)
-                probe.current = f
-                await fleet.cpu()
-                cpu0 = time.process_time()
-                if profiler is not None:
-                    profiler.enable()
-                f.t0, f.wall0 = await fleet.link(host, rail, up=False)
-                await wait_until(
-                    lambda f=f: service.state.epoch > f.epoch_before, 30, "the new epoch"
+        with _ack_only(baseline and not args.procs):
+            async with fleet:
+                await acked(0)
+                ports = n * args.rails
+                await wait_until(lambda: len(service.state.ports) >= ports, 300, "port states")
+                await asyncio.sleep(holddown_s)
+                if args.gc_freeze:
+                    _freeze_heap()
+                print(
+                    f"{n} agents x {args.rails} rails, {where} ({args.bus} bus), up and quiet "
+                    f"in {time.monotonic() - t_start:.1f} s; solve back-off "
+                    f"{'/'.join(f'{d:g}' for d in delays)} ms, hold-down {args.hold_down:g} s, "
+                    f"state dirs in {workdir}"
                 )
-                # the solve's first epoch: its peer routes'; its plans take the next one
-                f.epoch = f.epoch_before + 1
-                await acked(f.epoch)
-                if profiler is not None:
-                    profiler.disable()
-                f.cpu_ms = [(time.process_time() - cpu0) * 1000]
-                f.cpu_ms += [c * 1000 for c in await fleet.cpu()]
-                st = service.state
-                f.plans = sum(1 for h in st.published if (st.acked_epoch(h) or 0) >= f.epoch)
-                probe.current = None
-                faults.append(f)
-                epoch1 = service.state.epoch
-                await fleet.link(host, rail, up=True)
-                await wait_until(lambda e=epoch1: service.state.epoch > e, 30, "re-admission")
-                await acked(epoch1 + 1)
-                await asyncio.sleep(holddown_s)  # the next fault meets a quiet back-off
-                if args.progress:
-                    last = f.ms(max(f.acks.values(), default=None))
-                    print(f"  fault {i + 1}: {host} rail {rail}: last ack {last:.1f} ms")
-        _print(faults, time.monotonic() - t_start)
-        if profiler is not None:
-            profiler.dump_stats(args.profile)
-            print(f"\nprofile of this process, each down -> its last ack: {args.profile}")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile_top)
+                faults = await _faults(args, fabric, fleet, probe, rng, acked, holddown_s)
+        return faults, time.monotonic() - t_start
     finally:
         if broker is not None:
             broker.stop()
+
+
+async def _faults(
+    args: argparse.Namespace,
+    fabric: Fabric,
+    fleet: _InProcess | _Workers,
+    probe: Probe,
+    rng: random.Random,
+    acked: Callable[[int], Awaitable[None]],
+    holddown_s: float,
+) -> list[Fault]:
+    service = fleet.service
+    n = len(fabric.hosts)
+    faults: list[Fault] = []
+    profiler = cProfile.Profile() if args.profile else None
+    for i in range(args.faults):
+        host = fabric.hosts[rng.randrange(n)].host
+        rail = rng.randrange(args.rails)
+        f = Fault(host, rail, service.state.epoch)
+        probe.current = f
+        await fleet.cpu()
+        cpu0 = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        f.t0, f.wall0 = await fleet.link(host, rail, up=False)
+        await wait_until(lambda f=f: service.state.epoch > f.epoch_before, 30, "the new epoch")
+        # the solve's first epoch: its peer routes'; its plans take the next one
+        f.epoch = f.epoch_before + 1
+        await acked(f.epoch)
+        if profiler is not None:
+            profiler.disable()
+        f.cpu_ms = [(time.process_time() - cpu0) * 1000]
+        f.cpu_ms += [c * 1000 for c in await fleet.cpu()]
+        st = service.state
+        f.plans = sum(1 for h in st.published if (st.acked_epoch(h) or 0) >= f.epoch)
+        probe.current = None
+        faults.append(f)
+        epoch1 = service.state.epoch
+        await fleet.link(host, rail, up=True)
+        await wait_until(lambda e=epoch1: service.state.epoch > e, 30, "re-admission")
+        await acked(epoch1 + 1)
+        await asyncio.sleep(holddown_s)  # the next fault meets a quiet back-off
+        if args.progress:
+            last = f.ms(max(f.acks.values(), default=None))
+            print(f"  fault {i + 1}: {host} rail {rail}: last ack {last:.1f} ms")
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+        print(f"\nprofile of this process, each down -> its last ack: {args.profile}")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile_top)
+    return faults
 
 
 def _figures(xs: list[float]) -> str:
@@ -457,9 +530,14 @@ def _figures(xs: list[float]) -> str:
     return f"p50 {percentile(xs, 50):7.1f}  p99 {percentile(xs, 99):7.1f}  max {max(xs):7.1f} ms"
 
 
-def _print(faults: list[Fault], wall_s: float) -> None:
+def _last_acks(faults: list[Fault]) -> list[float]:
+    """down -> last ack (ms) of each fault whose acks the probe saw all of."""
+    return [f.ms(max(f.acks.values())) for f in faults if f.acks and len(f.acks) == f.plans]
+
+
+def _print(faults: list[Fault], wall_s: float, *, baseline: list[Fault] | None = None) -> None:
     done = [f for f in faults if f.acks and len(f.acks) == f.plans]
-    last = [f.ms(max(f.acks.values())) for f in done]
+    last = _last_acks(faults)
     first = [f.ms(min(f.acks.values())) for f in faults if f.acks]
     fast = [f.fast_path_ms for f in faults if f.fast_path_ms is not None]
     met = bool(last) and percentile(last, 99) < TARGET_P99_MS  # type: ignore[operator]
@@ -468,6 +546,14 @@ def _print(faults: list[Fault], wall_s: float) -> None:
         f"  down -> last ack   {_figures(last)}   target p99 < {TARGET_P99_MS:g} ms: "
         + ("met" if met else "MISSED")
     )
+    if baseline is not None:
+        floor = _last_acks(baseline)
+        print(f"    baseline         {_figures(floor)}   (agents that only ack: the floor here)")
+        if floor and last:
+            ratio = "  ".join(
+                f"p{q} {percentile(last, q) / percentile(floor, q):.2f}x" for q in (50, 99)
+            )
+            print(f"    linkguard / baseline   {ratio}")
     print(f"  down -> first ack  {_figures(first)}")
     print(f"  down -> fast path  {_figures(fast)}  (the host's own backup, no bus)")
     plans = ", ".join(str(p) for p in sorted({f.plans for f in faults}))
@@ -522,6 +608,12 @@ def main() -> None:
         dest="gc_freeze",
         action="store_false",
         help="leave the start-up heaps to the garbage collector (see _freeze_heap)",
+    )
+    ap.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip the baseline run (agents that only ack; see _ack_only)",
     )
     ap.add_argument("--profile", type=Path, help="cProfile this process, each down -> last ack")
     ap.add_argument("--profile-top", type=int, default=25, help="functions to list")

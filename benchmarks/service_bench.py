@@ -31,7 +31,7 @@ from structlog.testing import capture_logs
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage
-from linkguard.config import BusSettings, ServiceSettings
+from linkguard.config import ApiSettings, BusSettings, ServiceSettings
 from linkguard.models import PortState, PortStatus, encode
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.service import TopologyService
@@ -95,7 +95,12 @@ async def _run(args: argparse.Namespace) -> None:
         try:
             bus = BusSettings(port=port, reconnect_min_s=0.05)
             service = TopologyService(
-                ServiceSettings(bus=bus, debounce_ms=args.debounce_ms, startup_settle_s=0),
+                ServiceSettings(
+                    bus=bus,
+                    debounce_ms=args.debounce_ms,
+                    startup_settle_s=0,
+                    api=ApiSettings(enabled=False),
+                ),
                 fabric=fabric,
             )
             plans = _Plans()

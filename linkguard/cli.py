@@ -13,6 +13,7 @@
   linkguard sim run                replay a scenario on a simulated clock and check it (oracle)
   linkguard sim fleet              published failure rates on a generated fleet: cost with/without
   linkguard sim lab                replay a scenario on network namespaces (real kernel, agents)
+  linkguard report                 the interruption report of a ledger (text, JSON, CSV)
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
 faults``: broker unreachable), 2 bad usage or configuration.
@@ -695,7 +696,54 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="progress lines on stderr (default: only when stderr is a terminal)",
     )
+    sf.add_argument(
+        "--ledger",
+        type=Path,
+        metavar="PATH",
+        help="also write the run to a new ledger at PATH (SQLite; must not exist yet), for "
+        "`linkguard report --ledger PATH`",
+    )
+    rp = sub.add_parser(
+        "report",
+        help="the interruption report of a ledger: cost with/without linkguard, worst links",
+        description="Read a ledger (the topology service's, `ledger.path`, or one written by "
+        "`sim fleet --ledger`) and report over a time window: interruptions per 1,000 "
+        "GPU-days next to Meta's published rate (Llama 3: 419 in 54 days on 16,384 GPUs), "
+        "link-caused interruptions avoided, idled GPU-hours with and without linkguard, "
+        "GPU-hours and money saved, reroutes, worst links, per-rail and per-leaf tables. The "
+        "cost model is the fleet simulator's (linkguard.simulations.fleetreport).",
+        epilog="Exit codes: 0 done, 1 the output could not be written, 2 bad arguments or a "
+        "missing, unreadable or newer-schema ledger.",
+    )
+    rp.add_argument("--ledger", type=Path, required=True, metavar="PATH", help="the ledger file")
+    rp.add_argument("--format", choices=["text", "json", "csv"], default="text")
+    rp.add_argument(
+        "--price-per-gpu-hour",
+        type=_positive(float, lo=0, hi=1e6),
+        default=2.0,
+        metavar="X",
+        help="what an idle GPU-hour costs (default 2.0)",
+    )
+    rp.add_argument(
+        "--since",
+        type=_time,
+        metavar="TIME",
+        help="window start: Unix seconds or ISO 8601 (UTC unless a zone is given); default "
+        "the ledger's first run",
+    )
+    rp.add_argument("--until", type=_time, metavar="TIME", help="window end (exclusive)")
+    rp.add_argument("--out", type=Path, metavar="F", help="write to F instead of stdout")
     return parser
+
+
+def _time(text: str) -> float:
+    """``--since`` / ``--until`` (argparse type): :func:`linkguard.ledger.parse_time`."""
+    from linkguard.ledger import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -748,6 +796,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "broker":
         return _broker(args)
+
+    if args.command == "report":
+        return _report(args)
 
     if args.command == "sim":
         handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
@@ -1147,6 +1198,16 @@ def _sim_fleet(args: argparse.Namespace) -> int:
         # before a run of seconds to minutes, not after it
         if out is not None and not out.resolve().parent.is_dir():
             return _fail(f"sim fleet: cannot write {out}: {out.parent} is not a directory", 1)
+    if args.ledger is not None and (args.ledger.exists() or args.ledger.is_symlink()):
+        return _fail(
+            f"sim fleet: --ledger {args.ledger} exists; a simulation writes a new ledger "
+            "(remove it or choose another path)",
+            2,
+        )
+    if args.ledger is not None and not args.ledger.resolve().parent.is_dir():
+        return _fail(
+            f"sim fleet: --ledger {args.ledger}: {args.ledger.parent} is not a directory", 2
+        )
     progress = stderr_progress(True if args.progress else None)
     ft, rep = simulate(
         spec, duration_s=args.days * 86400, seed=args.seed, oracle=args.oracle, progress=progress
@@ -1163,7 +1224,53 @@ def _sim_fleet(args: argparse.Namespace) -> int:
             args.scenario_out.write_text(dump_scenario(sc), encoding="utf-8")
     except OSError as exc:
         return _fail(f"sim fleet: cannot write output: {exc}", 1)
+    if args.ledger is not None:
+        from linkguard.ledger import Ledger, LedgerError
+
+        try:
+            with Ledger(args.ledger) as ledger:
+                ledger.record_simulation(ft, rep)
+        except (LedgerError, OSError) as exc:
+            return _fail(f"sim fleet: cannot write the ledger: {exc}", 1)
     return 1 if rep.oracle["mismatches"] else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    """``report``: the ledger's interruption report (:meth:`linkguard.ledger.Ledger.report`)
+    as text, JSON or CSV. 0 done, 1 unwritable output, 2 bad arguments or ledger."""
+    import csv
+    import io
+    import json
+
+    from linkguard.ledger import Ledger, LedgerError
+
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        return _fail("report: --since must be before --until", 2)
+    if args.out is not None and not args.out.resolve().parent.is_dir():
+        return _fail(f"report: cannot write {args.out}: {args.out.parent} is not a directory", 1)
+    try:
+        with Ledger(args.ledger, create=False) as ledger:
+            rep = ledger.report(
+                price_per_gpu_hour=args.price_per_gpu_hour, since=args.since, until=args.until
+            )
+    except (LedgerError, ValueError) as exc:
+        return _fail(f"report: {exc}", 2)
+    if args.format == "json":
+        text = json.dumps(rep.to_dict(), indent=2) + "\n"
+    elif args.format == "csv":
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rep.csv_rows())
+        text = buf.getvalue()
+    else:
+        text = rep.text()
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        return _fail(f"report: cannot write {args.out}: {exc}", 1)
+    return 0
 
 
 def _broker(args: argparse.Namespace) -> int:

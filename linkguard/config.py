@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -18,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -35,11 +37,14 @@ from linkguard.topology.backoff import BackoffPolicy
 
 __all__ = [
     "AgentSettings",
+    "ApiSettings",
     "BusSettings",
     "ConfigError",
     "GeneratorSettings",
+    "LedgerSettings",
     "PortConfig",
     "ServiceSettings",
+    "listen_address",
     "load_settings",
 ]
 
@@ -94,6 +99,60 @@ class GeneratorSettings(_Section):
     hosts_per_su: int = Field(32, ge=1, le=1024)
 
 
+class ApiSettings(_Section):
+    """The topology service's HTTP API and dashboard (:mod:`linkguard.topology.api`)."""
+
+    enabled: bool = Field(True, description="serve the API and dashboard")
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        max_length=253,
+        description="address to listen on; the default keeps it on this machine",
+    )
+    port: int = Field(
+        8470,
+        ge=0,
+        le=65535,
+        description="TCP port; 0 = any free port (logged as api_listening, kept on "
+        "service.api_port)",
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="bearer token every state-changing call needs (PUT /api/v1/faults); "
+        "None: those calls answer 403",
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _long_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("the API token must be at least 16 characters")
+        return v
+
+
+class LedgerSettings(_Section):
+    """The interruption ledger the service writes (:mod:`linkguard.ledger`): SQLite, WAL."""
+
+    path: Path | None = Field(
+        None,
+        description="SQLite file, e.g. /var/lib/linkguard/ledger.sqlite3 (its directory must "
+        "exist); None: no ledger is kept",
+    )
+    retention_days: float = Field(
+        90.0,
+        gt=0,
+        le=36_500,
+        description="rows older than this are deleted when the service starts and hourly",
+    )
+    incident_window_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="ports going down within this long of an incident's first down join it "
+        "(a leaf reboot is one incident)",
+    )
+
+
 class _Base(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -113,6 +172,23 @@ class _Base(BaseSettings):
         if yaml_file:
             sources.append(YamlConfigSettingsSource(settings_cls))
         return tuple(sources)
+
+
+_LISTEN = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*)):(?P<port>\d{1,5})$"
+)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPV6]:PORT`` (port 0-65535; 0: any free port) as ``(host, port)``.
+    Raises ValueError naming the accepted forms."""
+    m = _LISTEN.match(text.strip())
+    if m is None or int(m["port"]) > 65535:
+        raise ValueError(
+            f"{text!r} is not an address to listen on: use HOST:PORT or [IPV6]:PORT with a "
+            "port 0-65535 (0: any free port), e.g. 127.0.0.1:9477; null or '' for none"
+        )
+    return (m["v6"] or m["host"], int(m["port"]))
 
 
 class AgentSettings(_Base):
@@ -174,6 +250,19 @@ class AgentSettings(_Base):
     refresh_interval_s: float = Field(
         30.0, ge=1, description="re-publish all port states this often (s, +-10 % jitter)"
     )
+    metrics_listen: str | None = Field(
+        "127.0.0.1:9477",
+        description="Prometheus exporter (GET /metrics): HOST:PORT or [IPV6]:PORT, port 0 = "
+        "any free one; null or '' = no exporter (linkguard.metrics)",
+    )
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        listen_address(v)
+        return v.strip()
 
     @field_validator("route_table")
     @classmethod
@@ -262,6 +351,15 @@ class ServiceSettings(_Base):
 
     startup_settle_s: float = Field(
         1.0, ge=0, le=600, description="collect retained states this long before the first plans"
+    )
+    ledger: LedgerSettings = Field(
+        default_factory=LedgerSettings,
+        description="interruption ledger (LINKGUARD_LEDGER__PATH=...); off until a path is set",
+    )
+    api: ApiSettings = Field(
+        default_factory=ApiSettings,
+        description="HTTP API and dashboard (LINKGUARD_API__PORT=...); on by default, bound "
+        "to 127.0.0.1:8470",
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.bus import Bus
-from linkguard.config import AgentSettings, BusSettings, PortConfig, ServiceSettings
+from linkguard.config import AgentSettings, ApiSettings, BusSettings, PortConfig, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import AckResult
 from linkguard.topology.fabric import Fabric
@@ -39,7 +39,8 @@ async def wait_until(cond: Callable[[], object], timeout: float, what: str) -> f
 def agent_settings_for(
     fabric: Fabric, host: str, *, bus: BusSettings, workdir: Path, damping: DampingPolicy
 ) -> AgentSettings:
-    """Settings of a simulated agent for ``host`` of ``fabric`` (ports, endpoints, addresses)."""
+    """Settings of a simulated agent for ``host`` of ``fabric`` (ports, endpoints, addresses;
+    no metrics exporter)."""
     inv = fabric.host(host)
     return AgentSettings(
         host=host,
@@ -63,6 +64,7 @@ def agent_settings_for(
         state_dir=workdir / host,
         rail_map_path=workdir / host / "rail-map.json",
         log_format="console",
+        metrics_listen=None,  # many agents in one process: no exporter ports
     )
 
 
@@ -79,15 +81,23 @@ class SimulatedFleet:
         debounce_ms: float = 20,
         settle_s: float = 0.2,
         bus_factory: Callable[..., Bus] = Bus,
+        api: ApiSettings | None = None,
     ) -> None:
         """``bus_factory``: the bus session of the service and every agent (default the real
         MQTT :class:`~linkguard.bus.Bus`; simulations beyond a few hundred agents pass an
-        in-memory one with the same semantics)."""
+        in-memory one with the same semantics). ``api``: the service's HTTP API (None: not
+        served; ``ApiSettings(port=0)`` serves it on a free loopback port,
+        ``fleet.service.api_port``)."""
         self.fabric = fabric
         self.bus_factory = bus_factory
         damping = damping or DampingPolicy()
         self.service = TopologyService(
-            ServiceSettings(bus=bus, debounce_ms=debounce_ms, startup_settle_s=settle_s),
+            ServiceSettings(
+                bus=bus,
+                debounce_ms=debounce_ms,
+                startup_settle_s=settle_s,
+                api=api or ApiSettings(enabled=False),
+            ),
             fabric=fabric,
             bus_factory=bus_factory,
         )

@@ -292,6 +292,7 @@ def write_configs(
         "bus": {"port": broker_port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.5},
         "startup_settle_s": 0.5,
         "log_format": "json",
+        "api": {"enabled": False},  # no HTTP API: 127.0.0.1:8470 may be taken on this machine
     }
     if debounce_ms is not None:
         svc["debounce_ms"] = debounce_ms
@@ -327,6 +328,7 @@ def write_configs(
             "shutdown_policy": "withdraw",
             "poll_interval_ms": poll_interval_ms,
             "log_format": "json",
+            "metrics_listen": None,  # one loopback for every lab agent: no exporter ports
         }
         if sysfs_roots:
             cfg["sysfs_root"] = str(sysfs_roots[inv.host])

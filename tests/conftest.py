@@ -34,6 +34,13 @@ def _structlog_defaults() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _no_api_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Services built by tests (in-process or ``linkguard topology serve`` subprocesses) open
+    no HTTP API on 127.0.0.1:8470 unless the test asks (``api=ApiSettings(port=0)``)."""
+    monkeypatch.setenv("LINKGUARD_API__ENABLED", "false")
+
+
 @dataclass
 class Broker:
     host: str

@@ -6,8 +6,10 @@ Tasks: ``bus`` (subscribes to every host topic, to retained plans and peer route
 (:mod:`linkguard.topology.backoff`: ``solve_initial_delay_ms`` after a quiet period, then
 ``debounce_ms`` batches, then ``solve_long_delay_ms`` while changes keep coming), solves,
 publishes the changed full plans, the changed peer routes, then the changed compact plans,
-retained with a new epoch) and
-``auditor`` (the fleet audit, retained on ``service/audit``).
+retained with a new epoch),
+``auditor`` (the fleet audit, retained on ``service/audit``) and, when ``api.enabled``,
+``api`` (the HTTP API and dashboard, :mod:`linkguard.topology.api`, bound before the bus
+connects).
 Retained plans and peer routes of hosts the fabric does not list (the fleet shrank, or a
 service ran on another fabric) are deleted from the broker after the startup settle
 (:meth:`TopologyService._clear_stale_plans`). Switch-level faults (``fabric/faults``,
@@ -26,12 +28,14 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import structlog
 
 from linkguard import __version__, topics
 from linkguard.bus import Bus, BusMessage, Will
 from linkguard.config import ConfigError, ServiceSettings
+from linkguard.ledger import Ledger, LedgerError
 from linkguard.models import (
     Ack,
     AckResult,
@@ -41,6 +45,7 @@ from linkguard.models import (
     HostStatus,
     PeerRoutes,
     Plan,
+    PortEvent,
     PortState,
     PortStatus,
     ServiceStatus,
@@ -50,6 +55,7 @@ from linkguard.models import (
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.topology.audit import audit, format_json, inventory_problems
 from linkguard.topology.backoff import SolveBackoff
+from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.fabric import (
     Fabric,
     check_servable,
@@ -58,6 +64,9 @@ from linkguard.topology.fabric import (
 )
 from linkguard.topology.health import Health
 from linkguard.topology.state import FabricState
+
+if TYPE_CHECKING:
+    from linkguard.topology.api import ApiServer
 
 __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 
@@ -75,6 +84,7 @@ _DECODERS = {
     "inventory": HostInventory,
     "service_status": ServiceStatus,
     "fabric_faults": FabricFaults,
+    "events": PortEvent,
 }
 
 
@@ -113,6 +123,12 @@ class TopologyService:
         self.fabric = fabric if fabric is not None else fabric_from_settings(settings)
         self.state = FabricState(fabric=self.fabric, epoch_start=int(time.time() * 1000))
         self.dropped: Counter[str] = Counter()
+        #: every accepted change, for the ledger, the API's stream and the dashboard
+        self.changes = ChangeFeed()
+        #: per port key, what the last ``port`` change showed (see :func:`_shown`)
+        self._shown: dict[tuple[str, str, int], tuple[object, ...]] = {}
+        #: the interruption ledger (``ledger.path``; None: none kept): records every change
+        self.ledger: Ledger | None = self._open_ledger()
         self.solves = 0
         self.plans_published = 0
         self.plans_per_host: Counter[str] = Counter()
@@ -132,6 +148,11 @@ class TopologyService:
         #: the last accepted switch-level faults and when their health was assessed
         self.faults: FabricFaults | None = None
         self.health_at: float | None = None
+        #: the last ``service/health`` document published (None before the first)
+        self.health_doc: dict[str, object] | None = None
+        #: the HTTP API's server and bound port while it is served (``api`` settings)
+        self.api: ApiServer | None = None
+        self.api_port: int | None = None
         #: ``service/health``'s ``refused``: the last ``fabric/faults`` message refused, None
         #: once a set is accepted
         self.refused: dict[str, object] | None = None
@@ -193,11 +214,19 @@ class TopologyService:
                 self.settings.solve_long_delay_ms,
             ],
         )
+        try:  # before anything connects: a port in use stops the start here
+            api = self._bind_api()
+        except BaseException:
+            if self.ledger is not None:
+                self.ledger.close()
+            raise
         tasks = [
             asyncio.create_task(self.bus.run(), name="bus"),
             asyncio.create_task(self._solver(), name="solver"),
             asyncio.create_task(self._auditor(), name="auditor"),
         ]
+        if api is not None:
+            tasks.append(asyncio.create_task(api.serve(), name="api"))
         try:
             stop = asyncio.create_task(self._stop.wait(), name="stop")
             done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -213,9 +242,14 @@ class TopologyService:
                         2,
                     )
         finally:
+            if api is not None:  # ends its streams, closes its connections (graceful first)
+                await api.shutdown(tasks[-1])
+                self.api = self.api_port = None
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
+                self.ledger.close()
             log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
         if self.duplicate is not None:
             raise DuplicateInstanceError(
@@ -223,6 +257,39 @@ class TopologyService:
                 f"{self.duplicate.instance}, started {time.ctime(self.duplicate.started_at or 0)})"
                 "; run one service per fabric"
             )
+
+    def _open_ledger(self) -> Ledger | None:
+        """The ledger of ``settings.ledger`` with a service run started and subscribed to
+        :attr:`changes` (its writer thread commits; closed when :meth:`run` ends), or None
+        without a path. Raises :class:`ConfigError` for a file that cannot be a ledger."""
+        cfg = self.settings.ledger
+        if cfg.path is None:
+            return None
+        try:
+            ledger = Ledger(
+                cfg.path,
+                retention_days=cfg.retention_days,
+                incident_window_s=cfg.incident_window_s,
+            )
+        except LedgerError as exc:
+            raise ConfigError(f"ledger: {exc}") from None
+        ledger.start_run(self.fabric, source="service")
+        self.changes.subscribe(ledger.consumer())
+        log.info("ledger_open", path=str(cfg.path), retention_days=cfg.retention_days)
+        return ledger
+
+    def _bind_api(self) -> ApiServer | None:
+        """The HTTP API's server (:mod:`linkguard.topology.api`) with its socket bound, or None
+        when ``api.enabled`` is false. Raises :class:`~linkguard.topology.api.ApiBindError` (a
+        :class:`ConfigError`: ``topology serve`` exits 2) when the address cannot be bound."""
+        if not self.settings.api.enabled:
+            return None
+        from linkguard.topology.api import ApiServer  # FastAPI only where the API is served
+
+        api = ApiServer(self, self.settings.api)
+        self.api_port = api.bind()
+        self.api = api
+        return api
 
     async def _on_connect(self) -> None:
         await self.bus.publish(
@@ -266,7 +333,9 @@ class TopologyService:
             "faults": self.faults.model_dump(mode="json") if self.faults else None,
             "refused": self.refused,
         }
+        self.health_doc = doc
         await self.bus.publish(topics.service_health(), json.dumps(doc).encode(), retain=True)
+        self.changes.emit("health", doc)
 
     def _drop(self, msg: BusMessage, reason: str, detail: str) -> None:
         self.dropped[reason] += 1
@@ -284,7 +353,7 @@ class TopologyService:
             self._on_retained_health(msg)
             return
         if parsed is None or parsed.kind not in _DECODERS:
-            return  # events are for the ledger (a later issue)
+            return
         if parsed.kind == "service_status":
             await self._on_service_status(msg)
             return
@@ -340,7 +409,13 @@ class TopologyService:
                 self.dropped["wrong_port"] += 1
                 log.warning("message_dropped", topic=msg.topic, reason="wrong_port")
                 return
-            if self.state.on_port_state(obj):
+            usability_changed = self.state.on_port_state(obj)
+            key, shown = (obj.host, obj.hca, obj.port), _shown(obj)
+            # only a state the fabric state kept (not a late older one, not an unknown port)
+            if self.state.ports.get((obj.host, obj.key)) is obj and self._shown.get(key) != shown:
+                self._shown[key] = shown
+                self.changes.emit("port", obj.model_dump(mode="json"))
+            if usability_changed:
                 log.info(
                     "port_usability_changed",
                     host=obj.host,
@@ -350,12 +425,16 @@ class TopologyService:
                     reason=obj.reason,
                 )
                 self._changed(urgent=obj.status != PortStatus.UP)
+        elif isinstance(obj, PortEvent):
+            self.changes.emit("port_event", obj.model_dump(mode="json"))
         elif isinstance(obj, HostStatus):
             self.state.on_host_status(obj)
+            self.changes.emit("host", obj.model_dump(mode="json"))
             self._audit_kick.set()
             log.info("host_status", host=obj.host, online=obj.online)
         elif isinstance(obj, Ack):
             self.state.on_ack(obj)
+            self.changes.emit("ack", obj.model_dump(mode="json"))
             self._on_applied(obj)
             # one line per host and event would be thousands a minute at fleet scale: the
             # applied ones are debug, ``plans_acked`` says when all hosts are through
@@ -624,6 +703,7 @@ class TopologyService:
             if doc != self.audit_json and self.duplicate is None:  # not the other's audit
                 self.audit_json = doc
                 await self.bus.publish(topics.service_audit(), doc.encode(), retain=True)
+                self.changes.emit("audit", json.loads(doc))
                 log.info(
                     "fleet_audit",
                     findings=len(findings),
@@ -707,6 +787,16 @@ class TopologyService:
         if solved.hosts:
             self._awaiting = set(self.state.pending_acks(solved.hosts))
             self._awaited = (solved.epoch, len(self._awaiting), t3)
+            self.changes.emit(
+                "plans",
+                {
+                    "epoch": solved.epoch,
+                    "hosts": sorted(solved.hosts),
+                    "peer_routes": sorted(p.host for p in solved.peers),
+                    "messages": len(payloads),
+                    "solve_ms": round((t1 - t0) * 1000, 2),
+                },
+            )
         log.info(
             "plans_published",
             epoch=solved.epoch,
@@ -720,6 +810,12 @@ class TopologyService:
             bytes=sum(len(d) for _, d in payloads),
             unusable=_head(f"{h}:{sorted(r)}" for h, r in unusable.items()),
         )
+
+
+def _shown(st: PortState) -> tuple[object, ...]:
+    """What the dashboard shows of a port: a ``port`` change is emitted when this changes."""
+    d = st.damping
+    return (st.status, st.usable, st.reason, st.rate_gbps, d.suppressed, d.flaps, d.hold_down_s)
 
 
 def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:

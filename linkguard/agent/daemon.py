@@ -35,6 +35,7 @@ from linkguard.agent.monitor import MonitorOutput, PortMonitor
 from linkguard.bus import Bus, BusMessage, Will
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
+from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     Ack,
     AckResult,
@@ -202,6 +203,8 @@ class Agent:
             state_dir=settings.state_dir,
         )
         self.stats = AgentStats()
+        #: Prometheus metrics (its own registry); the exporter runs while :meth:`run` does
+        self.metrics = AgentMetrics(self)
         self.last_ack: Ack | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -252,6 +255,8 @@ class Agent:
             netns=self.settings.netns,
         )
         async with contextlib.AsyncExitStack() as stack:
+            await self.metrics.start(self.settings.metrics_listen)
+            stack.push_async_callback(self.metrics.stop)  # frees the port on any exit
             await stack.enter_async_context(self.table)  # opens the netlink socket
             await self._run()
         if self.duplicate is not None:
@@ -556,6 +561,7 @@ class Agent:
         """Apply ``plan`` and ack it; False when it was refused."""
         async with self._lock:
             ack = await self.applier.apply(plan, same_epoch=same_epoch, persist=persist)
+        self.metrics.observe_ack(ack)
         if ack.result == AckResult.REFUSED:
             reason = (ack.error or "").split(":", 1)[0]
             self.stats.plans_refused[reason] += 1
@@ -595,6 +601,7 @@ class Agent:
 
     # -- monitor side ---------------------------------------------------------------------
     async def _handle(self, out: MonitorOutput) -> None:
+        self.metrics.observe_events(out.events)
         for ev in out.events:
             key = f"{ev.hca}/{ev.port}"
             if ev.current == PortStatus.DOWN and ev.previous in (PortStatus.UP, PortStatus.UNKNOWN):
@@ -602,6 +609,7 @@ class Agent:
                     ack = await self.applier.port_down(key)
                 if ack is not None:
                     self.stats.fast_paths += 1
+                    self.metrics.observe_ack(ack)
                     log.info(
                         "fast_path_applied",
                         port=key,

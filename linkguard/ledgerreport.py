@@ -1,0 +1,576 @@
+"""The interruption report: what link faults cost a training job on the recorded fleet, with and
+without linkguard, next to Meta's published interruption rate.
+
+Consumes: a ledger (:mod:`linkguard.ledger`): its runs, outages, port events, plans and
+suppressions in a time window. Produces: a :class:`LedgerReport` (:func:`build_report`) with a
+JSON form (schema :data:`REPORT_SCHEMA`), a text table and CSV rows.
+
+The job cost is the fleet simulator's model, reused as is: the window's outages become
+:class:`~linkguard.simulations.fleetreport.Outage` records and are costed by
+:func:`~linkguard.simulations.fleetreport.cost_with` and
+:func:`~linkguard.simulations.fleetreport.cost_without` with the job model of the newest run in
+the window (:class:`~linkguard.simulations.failures.FailureModel`; a service records its
+defaults), its GPU count and the window's length. So a ledger written by ``linkguard sim fleet
+--ledger`` reports the simulator's own numbers. An outage whose reroute is ``pending`` or
+``unconfirmed`` (an affected host never acked its new plan) is charged as without linkguard.
+The window is one stretch from its start to its end: gaps between service runs count as time
+without outages.
+
+Reference rate: Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4 and Table 5: 419
+unexpected interruptions in 54 days of pre-training on 16,384 GPUs (0.47 per 1,000 GPU-days,
+one per about 2,100 GPU-days), 35 of them network switch/cable and 7 NIC (together 0.047 per
+1,000 GPU-days).
+
+Tables: ``worst_links`` (most flaps: down transitions per host port, then the longest down
+time), ``per_rail`` and ``per_leaf`` (outages that took a port of it down, flaps, and down time:
+port-seconds down inside the window).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import textwrap
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from linkguard.ledger import NoRunError, iso, model_from_json
+from linkguard.simulations.engine import percentile
+from linkguard.simulations.failures import FailureModel
+from linkguard.simulations.fleetreport import ASSUMES, Cost, Outage, cost_with, cost_without
+
+__all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
+
+#: The ``schema`` of :meth:`LedgerReport.to_dict`.
+REPORT_SCHEMA = "linkguard.ledger-report/v1"
+
+#: The columns of :meth:`LedgerReport.csv_rows` (a long table: one value per row).
+CSV_HEADER = ("section", "item", "metric", "value")
+
+#: Rows of ``worst_links``.
+WORST_LINKS = 10
+
+
+def meta_reference() -> dict[str, object]:
+    """Meta's published interruption rate (the
+    :class:`~linkguard.simulations.failures.FailureModel` fields that cite it)."""
+    m = FailureModel()
+    gpu_days = m.llama3_gpus * m.llama3_days
+    link = m.llama3_network + m.llama3_nic
+    return {
+        "source": 'Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4, Table 5',
+        "gpus": m.llama3_gpus,
+        "days": m.llama3_days,
+        "interruptions": m.llama3_interruptions,
+        "per_1000_gpu_days": round(m.llama3_interruptions / gpu_days * 1000, 4),
+        "gpu_days_per_interruption": round(gpu_days / m.llama3_interruptions, 1),
+        "link_caused": link,
+        "link_caused_per_1000_gpu_days": round(link / gpu_days * 1000, 4),
+    }
+
+
+def _cost_dict(c: Cost) -> dict[str, object]:
+    d = asdict(c)
+    d.pop("intervals")
+    return d
+
+
+def _zero_cost() -> Cost:
+    return Cost(0, 0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _quantiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
+    return {
+        "count": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+@dataclass
+class LedgerReport:
+    """The report over one window (module docstring); times in s, money in the price's
+    currency. :meth:`to_dict` is the JSON form."""
+
+    ledger: str
+    since: float
+    until: float
+    duration_s: float
+    sources: list[str]
+    runs: int
+    fabric: str
+    hosts: int
+    rails: int
+    gpus: int
+    model: FailureModel
+    outages: list[dict[str, Any]]
+    with_linkguard: Cost
+    without_linkguard: Cost
+    price_per_gpu_hour: float
+    reroutes: int
+    solves: int
+    time_to_reroute_ms: dict[str, float | int | None]
+    needless_reroutes: int
+    unconfirmed_reroutes: int
+    port_downs: int
+    suppressions: int
+    worst_links: list[dict[str, Any]] = field(default_factory=list)
+    per_rail: list[dict[str, Any]] = field(default_factory=list)
+    per_leaf: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def gpu_days(self) -> float:
+        return self.gpus * self.duration_s / 86400
+
+    @property
+    def interruptions_avoided(self) -> int:
+        """Link-caused interruptions avoided: outages past NCCL's budget that linkguard
+        rerouted (interruptions without - with)."""
+        return self.without_linkguard.interruptions - self.with_linkguard.interruptions
+
+    @property
+    def gpu_hours_saved(self) -> float:
+        return round(self.without_linkguard.idle_gpu_hours - self.with_linkguard.idle_gpu_hours, 6)
+
+    @property
+    def dollars_saved(self) -> float:
+        return round(self.gpu_hours_saved * self.price_per_gpu_hour, 2)
+
+    def to_dict(self) -> dict[str, object]:
+        m = self.model
+        kinds = Counter(o["kind"] for o in self.outages)
+        return {
+            "schema": REPORT_SCHEMA,
+            "ledger": self.ledger,
+            "sources": self.sources,
+            "runs": self.runs,
+            "window": {
+                "since": self.since,
+                "until": self.until,
+                "since_iso": iso(self.since),
+                "until_iso": iso(self.until),
+                "duration_s": self.duration_s,
+                "days": self.duration_s / 86400,
+            },
+            "fabric": {
+                "name": self.fabric,
+                "hosts": self.hosts,
+                "rails": self.rails,
+                "gpus": self.gpus,
+            },
+            "gpu_days": self.gpu_days,
+            "model": {
+                **asdict(m),
+                "nccl_budget_s": m.nccl_budget_s,
+                "restart_cost_s": m.restart_cost_s,
+                "ride_out_s": m.ride_out_s,
+            },
+            "outage_counts": {
+                "outages": len(self.outages),
+                "open": sum(1 for o in self.outages if o["open"]),
+                "isolated": sum(1 for o in self.outages if o["isolated"]),
+                "by_kind": dict(sorted(kinds.items())),
+            },
+            "with_linkguard": _cost_dict(self.with_linkguard),
+            "without_linkguard": _cost_dict(self.without_linkguard),
+            "interruptions_avoided": self.interruptions_avoided,
+            "reference": meta_reference(),
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "gpu_hours_saved": self.gpu_hours_saved,
+            "dollars_saved": self.dollars_saved,
+            "reroutes": self.reroutes,
+            "solves": self.solves,
+            "time_to_reroute_ms": self.time_to_reroute_ms,
+            "needless_reroutes": self.needless_reroutes,
+            "unconfirmed_reroutes": self.unconfirmed_reroutes,
+            "port_downs": self.port_downs,
+            "suppressions": self.suppressions,
+            "worst_links": self.worst_links,
+            "per_rail": self.per_rail,
+            "per_leaf": self.per_leaf,
+            "assumes": ASSUMES,
+            "outages": self.outages,
+        }
+
+    def text(self) -> str:
+        """A few lines and three small tables."""
+        w, wo, ref = self.with_linkguard, self.without_linkguard, meta_reference()
+        days = self.duration_s / 86400
+        n = len(self.outages)
+        lines = [
+            f"ledger {self.ledger} ({', '.join(self.sources)}; {self.runs} run(s)): "
+            f"{self.fabric}, {self.hosts:,} hosts x {self.rails} rails ({self.gpus:,} GPUs)",
+            f"  window {iso(self.since)} .. {iso(self.until)}: {days:,.2f} days, "
+            f"{self.gpu_days:,.0f} GPU-days",
+            f"  {n} outages ({sum(1 for o in self.outages if o['isolated'])} isolated a host, "
+            f"{sum(1 for o in self.outages if o['open'])} still open), {self.port_downs} port "
+            f"downs, {self.suppressions} suppressions",
+            f"  {'':34} {'with linkguard':>16} {'without':>12}",
+        ]
+        rows = [
+            ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
+            (
+                "  per 1,000 GPU-days",
+                f"{w.interruptions_per_1000_gpu_days:.4f}",
+                f"{wo.interruptions_per_1000_gpu_days:.4f}",
+            ),
+            ("stalls", f"{w.stalls}", f"{wo.stalls}"),
+            ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
+            ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
+            ("goodput", f"{100 * w.goodput:.5f} %", f"{100 * wo.goodput:.5f} %"),
+        ]
+        lines += [f"  {a:34} {b:>16} {c:>12}" for a, b, c in rows]
+        lines += [
+            f"  Meta, Llama 3 (419 in 54 days on 16,384 GPUs): {ref['per_1000_gpu_days']:.4f} "
+            f"interruptions per 1,000 GPU-days,",
+            f"    all causes (one per {ref['gpu_days_per_interruption']:,.0f} GPU-days); "
+            f"{ref['link_caused_per_1000_gpu_days']:.4f} of them switch/cable + NIC",
+            f"  link-caused interruptions avoided: {self.interruptions_avoided}; GPU-hours saved "
+            f"{self.gpu_hours_saved:,.1f}, at ${self.price_per_gpu_hour:,.2f} per GPU-hour "
+            f"${self.dollars_saved:,.2f}",
+        ]
+        t = self.time_to_reroute_ms
+        ttr = (
+            f"p50 {t['p50']:g} ms, p99 {t['p99']:g} ms, max {t['max']:g} ms"
+            if t["count"]
+            else "none"
+        )
+        lines.append(
+            f"  reroutes {self.reroutes} ({self.solves} solves); time to reroute {ttr}; "
+            f"needless {self.needless_reroutes}; unconfirmed {self.unconfirmed_reroutes}"
+        )
+        lines.append("worst links (most flaps):")
+        if self.worst_links:
+            lines.append(
+                f"  {'host':16} {'hca/port':12} {'rail':>4} {'leaf':14} {'flaps':>6} "
+                f"{'down (s)':>12}"
+            )
+            for x in self.worst_links:
+                lines.append(
+                    f"  {x['host']:16} {x['hca']}/{x['port']:<{11 - len(x['hca'])}} "
+                    f"{_show(x['rail']):>4} {_show(x['leaf']):14} {x['flaps']:>6} "
+                    f"{x['down_s']:>12,.1f}"
+                )
+        else:
+            lines.append("  none")
+        lines.append("per rail:")
+        lines.append(f"  {'rail':>4} {'outages':>8} {'flaps':>6} {'down (s)':>12}")
+        for x in self.per_rail:
+            lines.append(
+                f"  {_show(x['rail']):>4} {x['outages']:>8} {x['flaps']:>6} {x['down_s']:>12,.1f}"
+            )
+        lines.append("per leaf:")
+        if self.per_leaf:
+            lines.append(
+                f"  {'leaf':14} {'rail':>4} {'su':>4} {'outages':>8} {'flaps':>6} {'down (s)':>12}"
+            )
+            for x in self.per_leaf:
+                lines.append(
+                    f"  {_show(x['leaf']):14} {_show(x['rail']):>4} {_show(x['su']):>4} "
+                    f"{x['outages']:>8} {x['flaps']:>6} {x['down_s']:>12,.1f}"
+                )
+        else:
+            lines.append("  none")
+        lines += textwrap.wrap(
+            f"model: NCCL budget {self.model.nccl_budget_s:.1f} s, restart cost "
+            f"{self.model.restart_cost_s:,.0f} s; assumes: {ASSUMES}",
+            96,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
+        return "\n".join(lines) + "\n"
+
+    def csv_rows(self) -> list[tuple[object, ...]]:
+        """The report as a long table: :data:`CSV_HEADER`, then one ``(section, item, metric,
+        value)`` row per number (sections ``summary``, ``with_linkguard``,
+        ``without_linkguard``, ``link`` (item ``host:hca/port``), ``rail``, ``leaf``)."""
+        rows: list[tuple[object, ...]] = [CSV_HEADER]
+        summary = {
+            "since": self.since,
+            "until": self.until,
+            "duration_s": self.duration_s,
+            "gpus": self.gpus,
+            "gpu_days": self.gpu_days,
+            "outages": len(self.outages),
+            "interruptions_avoided": self.interruptions_avoided,
+            "gpu_hours_saved": self.gpu_hours_saved,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "dollars_saved": self.dollars_saved,
+            "reroutes": self.reroutes,
+            "needless_reroutes": self.needless_reroutes,
+            "unconfirmed_reroutes": self.unconfirmed_reroutes,
+            "port_downs": self.port_downs,
+            "suppressions": self.suppressions,
+            "meta_per_1000_gpu_days": meta_reference()["per_1000_gpu_days"],
+        }
+        rows += [("summary", "", k, v) for k, v in summary.items()]
+        for name, cost in (
+            ("with_linkguard", self.with_linkguard),
+            ("without_linkguard", self.without_linkguard),
+        ):
+            rows += [(name, "", k, v) for k, v in _cost_dict(cost).items()]
+        for x in self.worst_links:
+            item = f"{x['host']}:{x['hca']}/{x['port']}"
+            rows += [("link", item, k, x[k]) for k in ("rail", "leaf", "flaps", "down_s")]
+        for x in self.per_rail:
+            rows += [("rail", x["rail"], k, x[k]) for k in ("outages", "flaps", "down_s")]
+        for x in self.per_leaf:
+            rows += [
+                ("leaf", x["leaf"], k, x[k]) for k in ("rail", "su", "outages", "flaps", "down_s")
+            ]
+        return rows
+
+
+def _show(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def build_report(
+    conn: sqlite3.Connection,
+    *,
+    path: str,
+    price_per_gpu_hour: float = 2.0,
+    since: float | None = None,
+    until: float | None = None,
+) -> LedgerReport:
+    """The report of the ledger open on ``conn`` (rows as :class:`sqlite3.Row`) over
+    ``[since, until)``; see :meth:`linkguard.ledger.Ledger.report` for the errors."""
+    if not (isinstance(price_per_gpu_hour, int | float) and math.isfinite(price_per_gpu_hour)):
+        raise ValueError(f"price_per_gpu_hour must be a finite number, got {price_per_gpu_hour!r}")
+    if price_per_gpu_hour < 0:
+        raise ValueError(f"price_per_gpu_hour must be >= 0, got {price_per_gpu_hour}")
+    for name, v in (("since", since), ("until", until)):
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
+    if since is not None and until is not None and since >= until:
+        raise ValueError(f"since ({iso(since)}) must be before until ({iso(until)})")
+    runs = conn.execute("SELECT * FROM runs ORDER BY window_start, id").fetchall()
+    if not runs:
+        raise NoRunError(f"ledger {path} has no runs: nothing was recorded in it yet")
+    start = since if since is not None else min(r["window_start"] for r in runs)
+    end = until if until is not None else max(r["window_end"] for r in runs)
+    if end < start:
+        raise ValueError(
+            f"nothing to report: the ledger ends at {iso(end)}, before since {iso(start)}"
+        )
+    window = [r for r in runs if r["window_start"] <= end and r["window_end"] >= start]
+    if not window:
+        raise NoRunError(f"ledger {path}: no run overlaps {iso(start)} .. {iso(end)}")
+    latest = max(window, key=lambda r: (r["window_end"], r["id"]))
+    model = model_from_json(latest["model"])
+    whole = (
+        since is None and until is None and len(window) == 1 and window[0]["duration_s"] is not None
+    )
+    duration = float(window[0]["duration_s"]) if whole else round(end - start, 6)
+    # rows at the window's very end belong to it unless an explicit until excludes them
+    before_end = "at < ?" if until is not None else "at <= ?"
+
+    rows = conn.execute(
+        f"SELECT * FROM outages WHERE at >= ? AND {before_end} ORDER BY at, id", (start, end)
+    ).fetchall()
+    found: list[Outage] = []
+    listed: list[dict[str, Any]] = []
+    unconfirmed = 0
+    for r in rows:
+        open_ = bool(r["open"]) or r["down_s"] is None
+        down_s = r["down_s"] if r["down_s"] is not None else round(max(end - r["at"], 0.0), 6)
+        not_confirmed = r["reroute"] in ("pending", "unconfirmed")
+        unconfirmed += not_confirmed
+        reroute_ms = r["reroute_ms"] if r["reroute"] == "done" else None
+        at_s = round(r["at"] - start, 6)
+        found.append(
+            Outage(
+                entry=int(r["id"]),
+                kind=r["kind"],
+                at_s=at_s,
+                down_s=float(down_s),
+                ports=int(r["ports"]),
+                open=open_,
+                # an unconfirmed reroute is charged as without linkguard
+                isolated=bool(r["isolated"]) or not_confirmed,
+                reroute_ms=reroute_ms,
+            )
+        )
+        listed.append(
+            {
+                "id": int(r["id"]),
+                "at": r["at"],
+                "at_s": at_s,
+                "kind": r["kind"],
+                "down_s": down_s,
+                "ports": int(r["ports"]),
+                "open": open_,
+                "isolated": bool(r["isolated"]),
+                "reroute": r["reroute"],
+                "reroute_ms": reroute_ms,
+                "cause": r["cause"],
+            }
+        )
+    gpus = int(latest["gpus"])
+    if duration > 0:
+        kw = {"gpus": gpus, "duration_s": duration}
+        with_lg, without_lg = cost_with(found, model, **kw), cost_without(found, model, **kw)
+    else:
+        with_lg, without_lg = _zero_cost(), _zero_cost()
+
+    plans = conn.execute(
+        f"SELECT count(*) FROM plans WHERE at >= ? AND {before_end}", (start, end)
+    ).fetchone()[0]
+    reroutes = solves = int(plans)  # the service emits a plans change per solve that re-plans
+    for r in window:
+        if r["source"] == "simulation":
+            stats = json.loads(r["stats"] or "{}")
+            reroutes += int(stats.get("reroutes", 0))
+            solves += int(stats.get("solves", 0))
+    done = [o.reroute_ms for o in found if o.reroute_ms is not None]
+    needless = sum(1 for o in found if o.reroute_ms is not None and o.down_s < model.ride_out_s)
+    suppressions = conn.execute(
+        f"SELECT count(*) FROM suppressions WHERE suppressed = 1 AND at >= ? AND {before_end}",
+        (start, end),
+    ).fetchone()[0]
+
+    links, rails, leaves, port_downs = _port_tables(conn, start, end, before_end)
+    ids = [o["id"] for o in listed]
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        for p in conn.execute(
+            f"SELECT DISTINCT outage_id, rail, leaf, su FROM outage_ports"
+            f" WHERE outage_id IN ({marks})",
+            chunk,
+        ):
+            rails.setdefault(p["rail"], _blank())["outage_ids"].add(p["outage_id"])
+            if p["leaf"] is not None:
+                leaf = leaves.setdefault(p["leaf"], _blank(rail=p["rail"], su=p["su"]))
+                leaf["outage_ids"].add(p["outage_id"])
+    for r in range(int(latest["rails"])):
+        rails.setdefault(r, _blank())
+    worst = sorted(
+        (x for x in links.values() if x["flaps"] > 0),
+        key=lambda x: (-x["flaps"], -x["down_s"], x["host"], x["hca"], x["port"]),
+    )[:WORST_LINKS]
+    per_rail = [
+        {
+            "rail": k,
+            "outages": len(v["outage_ids"]),
+            "flaps": v["flaps"],
+            "down_s": round(v["down_s"], 6),
+        }
+        for k, v in sorted(rails.items(), key=lambda x: (x[0] is None, x[0] or 0))
+    ]
+    per_leaf = [
+        {
+            "leaf": k,
+            "rail": v["rail"],
+            "su": v["su"],
+            "outages": len(v["outage_ids"]),
+            "flaps": v["flaps"],
+            "down_s": round(v["down_s"], 6),
+        }
+        for k, v in sorted(
+            leaves.items(),
+            key=lambda x: (x[1]["su"] is None, x[1]["su"] or 0, x[1]["rail"] or 0, x[0]),
+        )
+    ]
+    return LedgerReport(
+        ledger=path,
+        since=start,
+        until=end,
+        duration_s=duration,
+        sources=sorted({r["source"] for r in window}),
+        runs=len(window),
+        fabric=latest["fabric"],
+        hosts=int(latest["hosts"]),
+        rails=int(latest["rails"]),
+        gpus=gpus,
+        model=model,
+        outages=listed,
+        with_linkguard=with_lg,
+        without_linkguard=without_lg,
+        price_per_gpu_hour=float(price_per_gpu_hour),
+        reroutes=reroutes,
+        solves=solves,
+        time_to_reroute_ms=_quantiles(done),
+        needless_reroutes=needless,
+        unconfirmed_reroutes=unconfirmed,
+        port_downs=port_downs,
+        suppressions=int(suppressions),
+        worst_links=[x | {"down_s": round(x["down_s"], 6)} for x in worst],
+        per_rail=per_rail,
+        per_leaf=per_leaf,
+    )
+
+
+def _blank(**extra: object) -> dict[str, Any]:
+    return {"outage_ids": set(), "flaps": 0, "down_s": 0.0, **extra}
+
+
+def _port_tables(
+    conn: sqlite3.Connection, start: float, end: float, before_end: str
+) -> tuple[
+    dict[tuple[str, str, int], dict[str, Any]],
+    dict[Any, dict[str, Any]],
+    dict[str, dict[str, Any]],
+    int,
+]:
+    """Per port, rail and leaf: flaps (down transitions in the window) and down time
+    (port-seconds down, clipped to the window; a port still down at the end counts to it)."""
+    links: dict[tuple[str, str, int], dict[str, Any]] = {}
+    down_since: dict[tuple[str, str, int], tuple[float, sqlite3.Row]] = {}
+    rails: dict[Any, dict[str, Any]] = {}
+    leaves: dict[str, dict[str, Any]] = {}
+    downs = 0
+
+    def entry(r: sqlite3.Row) -> dict[str, Any]:
+        key = (r["host"], r["hca"], int(r["port"]))
+        x = links.get(key)
+        if x is None:
+            x = links[key] = {
+                "host": r["host"],
+                "hca": r["hca"],
+                "port": int(r["port"]),
+                "rail": r["rail"],
+                "leaf": r["leaf"],
+                "su": r["su"],
+                "flaps": 0,
+                "down_s": 0.0,
+            }
+        return x
+
+    def add_down(x: dict[str, Any], a: float, b: float) -> None:
+        length = min(b, end) - max(a, start)
+        if length > 0:
+            x["down_s"] += length
+
+    for r in conn.execute(
+        f"SELECT at, host, hca, port, rail, leaf, su, previous, current FROM port_events"
+        f" WHERE {before_end} ORDER BY at, id",
+        (end,),
+    ):
+        key = (r["host"], r["hca"], int(r["port"]))
+        if r["current"] == "down":
+            if key not in down_since:
+                down_since[key] = (r["at"], r)
+                if r["at"] >= start and r["previous"] != "down":
+                    entry(r)["flaps"] += 1
+                    downs += 1
+        elif key in down_since:
+            add_down(entry(r), down_since.pop(key)[0], r["at"])
+    for t0, r in down_since.values():  # still down at the end
+        add_down(entry(r), t0, end)
+    for x in links.values():
+        rail = rails.setdefault(x["rail"], _blank())
+        rail["flaps"] += x["flaps"]
+        rail["down_s"] += x["down_s"]
+        if x["leaf"] is not None:
+            leaf = leaves.setdefault(x["leaf"], _blank(rail=x["rail"], su=x["su"]))
+            leaf["flaps"] += x["flaps"]
+            leaf["down_s"] += x["down_s"]
+    links = {k: v for k, v in links.items() if v["flaps"] or v["down_s"]}
+    return links, rails, leaves, downs
