@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno as errno_mod
+import math
 import os
 import re
 import time
@@ -199,9 +200,10 @@ def parse_rate(text: str) -> tuple[float | None, str | None]:
     if not text.strip():
         return None, "empty"
     m = _RATE.match(text)
-    if m is None:
+    rate = float(m.group(1)) if m is not None else math.inf
+    if not math.isfinite(rate):  # no match, or more digits than a float holds (1e309 -> inf)
         return None, f"unparsable {_short(text)}"
-    return float(m.group(1)), None
+    return rate, None
 
 
 def parse_link_layer(text: str) -> tuple[LinkLayer | None, str | None]:
@@ -591,6 +593,8 @@ class _Poller:
         self.hcas: dict[str, HCADescriptor] = {}
         self.names: frozenset[str] | None = None
         self.last: dict[str, PortObservation] = {}
+        #: per port, the raw text of ``state`` and ``phys_state`` at its last full reading
+        self.raw: dict[str, tuple[str | None, str | None]] = {}
         self.counters: dict[str, _Counters] = {}
         self.discovered_at = float("-inf")
         self.counters_at = float("-inf")
@@ -603,6 +607,14 @@ class _Poller:
             if key not in self.logged:
                 self.logged.add(key)
                 log.warning("sysfs_bad_value", error=err, root=self.root_s, **kw)
+
+    def _peek(self, hca: str, port: int, name: str) -> str | None:
+        """The raw text of one port attribute, None when it cannot be read (the full reading
+        says why)."""
+        try:
+            return self.reader(f"{self.root_s}/{hca}/ports/{port}/{name}")
+        except (OSError, ValueError, UnicodeError):
+            return None
 
     def _discover(self, now: float, names: frozenset[str]) -> None:
         if names and self.stack_missing_logged:
@@ -632,7 +644,8 @@ class _Poller:
         except OSError as exc:  # transient: keep what we know
             self._log_errors([f"{self.root_s}: {_errno_text(exc)}"])
             names = self.names if self.names is not None else frozenset()
-        if names != self.names or now - self.discovered_at >= self.rediscover_s:
+        rediscovered = names != self.names or now - self.discovered_at >= self.rediscover_s
+        if rediscovered:
             self._discover(now, names)
 
         read_counters = now - self.counters_at >= self.counters_interval_s
@@ -646,6 +659,14 @@ class _Poller:
                 if self.filter is not None and key not in self.filter:
                     continue
                 seen.add(key)
+                # Between full readings (counters_interval_s, re-discovery) only state and
+                # phys_state are read: a port whose two files say what they said is unchanged
+                # (rate and link layer change with a retrain, which changes them; any other
+                # change shows at the next full reading). Halves the reads per poll.
+                raw = (self._peek(d.hca, p, "state"), self._peek(d.hca, p, "phys_state"))
+                if not (read_counters or rediscovered) and raw == self.raw.get(key):
+                    continue
+                self.raw[key] = raw
                 base = _read_base(self.reader, self.root_s, d.hca, p)
                 if base.present:
                     counters = self.counters.get(key)
@@ -662,6 +683,7 @@ class _Poller:
         for key in sorted(self.last.keys() - seen, key=_natural):
             gone = self.last.pop(key)
             self.counters.pop(key, None)
+            self.raw.pop(key, None)
             obs = _removed(gone.hca, gone.port, now)
             if not obs.same_reading(gone):
                 changed.append(obs)

@@ -91,12 +91,16 @@ class MosquittoProcess:
     ``set_tcp_nodelay true``: no Nagle delay on the broker's writes) and
     :meth:`start` runs it. :meth:`stop` then :meth:`start` again is a broker outage: the same
     port, retained messages lost (as a Mosquitto without persistence loses them).
-    ``port=0`` picks a free port once, kept across restarts. Raises FileNotFoundError when
+    ``port=0`` picks a free port once, kept across restarts. ``config``: a whole
+    mosquitto.conf to run instead (e.g. deploy/mosquitto/mosquitto.conf with its paths
+    substituted); it must listen on 127.0.0.1:``port``. Raises FileNotFoundError when
     no ``mosquitto`` binary is found (PATH, then /usr/sbin) and TimeoutError when it does not
     listen within 10 s.
     """
 
-    def __init__(self, workdir: Path, *, port: int = 0, binary: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, port: int = 0, binary: str | None = None, config: str | None = None
+    ) -> None:
         found = binary or shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
         if not found:
             raise FileNotFoundError("mosquitto not found (Debian package `mosquitto`)")
@@ -107,6 +111,7 @@ class MosquittoProcess:
         self.conf = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.config = config
 
     def start(self) -> MosquittoProcess:
         """Start (or restart) the broker and wait until it listens; returns self."""
@@ -114,7 +119,9 @@ class MosquittoProcess:
             return self
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.conf.write_text(
-            f"listener {self.port} {self.host}\n"
+            self.config
+            if self.config is not None
+            else f"listener {self.port} {self.host}\n"
             "allow_anonymous true\n"
             "persistence false\n"
             "max_queued_messages 100000\n"

@@ -1,11 +1,17 @@
 """The MQTT bus adapter: the only module that imports the MQTT client (aiomqtt 2.x).
 
-Consumes: a broker address and the topics to subscribe to. Produces: decoded-later raw
-messages to a handler, and publishes (QoS 1). Uses MQTT 3.1.1 only, so Mosquitto and the
-embedded amqtt broker both work. The connection is kept by :meth:`Bus.run`: on any error it
-waits a jittered exponential backoff (min..max, full jitter) and reconnects, resubscribes and
-calls ``on_connect`` (which re-publishes current state, so a broker outage never replays stale
-state).
+Consumes: a broker address, optional TLS parameters (:class:`TlsConfig`) and credentials,
+and the topics to subscribe to. Produces: decoded-later raw messages to a handler, and
+publishes (QoS 1). Uses MQTT 3.1.1 only, so Mosquitto and the embedded amqtt broker both work.
+The connection is kept by :meth:`Bus.run`: on any error it waits a jittered exponential
+backoff (min..max, full jitter) and reconnects, resubscribes and calls ``on_connect`` (which
+re-publishes current state, so a broker outage never replays stale state).
+
+A broker that refuses the credentials (CONNACK 4/5), a TLS failure and a subscription the
+broker's ACL refuses (SUBACK 0x80) are logged as errors with what to check
+(``bus_refused``, ``bus_subscription_refused``) and kept in :attr:`Bus.last_error`; the
+password is never logged. Under MQTT 3.1.1 a publish the ACL forbids is acknowledged and
+silently dropped by Mosquitto: the publisher cannot tell.
 """
 
 from __future__ import annotations
@@ -13,18 +19,20 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiomqtt
 import structlog
 
-__all__ = ["Bus", "BusMessage", "Will"]
+__all__ = ["Bus", "BusConnectTimeout", "BusMessage", "TlsConfig", "Will"]
 
 log = structlog.get_logger(__name__)
 
 #: QoS 1 messages in flight to the broker at once (paho's default is 20); Mosquitto's
-#: ``max_inflight_messages 0`` in deploy/mosquitto.conf lifts the broker's side.
+#: ``max_inflight_messages`` in deploy/mosquitto/mosquitto.conf sets the broker's side.
 MAX_INFLIGHT = 256
 #: aiomqtt logs a warning above this many publish calls awaiting their acknowledgement.
 PENDING_CALLS_WARN = 4096
@@ -49,6 +57,87 @@ class Will:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS to the broker: the broker's certificate is always verified (chain and expiry).
+
+    ``ca_file``: PEM CA certificate(s) that signed the broker's certificate (None: the
+    system's trusted CAs). ``cert_file``/``key_file``: a PEM client certificate and its key
+    (optional; ``key_file`` None: the key is in ``cert_file``). ``insecure``: skip only the
+    check that the certificate names the host connected to (tests; never in production).
+    """
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+
+    def context(self) -> ssl.SSLContext:
+        """A client context, TLS 1.2 or later. Raises OSError (ssl.SSLError included) when a
+        file is missing or is not a PEM certificate / key."""
+        ctx = ssl.create_default_context(
+            ssl.Purpose.SERVER_AUTH, cafile=str(self.ca_file) if self.ca_file else None
+        )
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.cert_file is not None:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+        ctx.check_hostname = not self.insecure
+        return ctx
+
+
+class BusConnectTimeout(TimeoutError):
+    """:meth:`Bus.wait_connected` timed out; the message says why the last attempt failed.
+    ``error``: that failure (None: no answer yet); ``hint``: what to check, when known;
+    ``refused``: the broker or TLS said no (credentials, certificate), retrying will not help."""
+
+    def __init__(self, message: str, *, error: str | None, hint: str | None, refused: bool) -> None:
+        super().__init__(message)
+        self.error = error
+        self.hint = hint
+        self.refused = refused
+
+
+_BAD_LOGIN = (
+    "the broker refused the user name or password (check bus.username and "
+    "bus.password / bus.password_file against the broker's password_file)"
+)
+_NOT_AUTHORISED = (
+    "the broker refused this client: not authorised (check bus.username and the password; "
+    "Mosquitto 2 answers this to a wrong password too; anonymous clients need "
+    "allow_anonymous)"
+)
+#: CONNACK refusals that mean "fix the configuration", not "retry later": MQTT 3.1.1 return
+#: codes 4 and 5, which paho 2 reports as the MQTT 5 reason codes 134 and 135
+_REFUSED = {4: _BAD_LOGIN, 134: _BAD_LOGIN, 5: _NOT_AUTHORISED, 135: _NOT_AUTHORISED}
+
+
+def _explain(exc: Exception, *, tls: bool) -> tuple[str, str | None, bool]:
+    """(error text, what to check or None, refused) for a failed connection attempt;
+    refused: the broker or the TLS layer said no, retrying will not help until the
+    configuration changes."""
+    text = str(exc)
+    rc = getattr(exc, "rc", None)
+    code = getattr(rc, "value", rc)
+    if isinstance(exc, aiomqtt.MqttCodeError) and code in _REFUSED:
+        return text, _REFUSED[code], True
+    low = text.lower()
+    if any(w in low for w in ("certificate", "ssl", "tls", "handshake")):
+        hint = (
+            "TLS failed: check bus.ca_file (the CA that signed the broker's certificate), "
+            "that the certificate names bus.host, and the client certificate and key"
+        )
+        return text, hint, True
+    if "timed out" in low:  # no CONNACK: the broker may have closed the connection silently
+        hint = (
+            "no answer to CONNECT: a broker that requires a client certificate closes the "
+            "connection when bus.cert_file is missing or not signed by its CA"
+            if tls
+            else "no answer to CONNECT: if this port is a TLS listener, set bus.tls and bus.ca_file"
+        )
+        return text, hint, False
+    return text, None, False
+
+
 Handler = Callable[[BusMessage], Awaitable[None]]
 
 
@@ -64,13 +153,23 @@ def _reraise_lost_cancel() -> None:
         raise asyncio.CancelledError
 
 
+def _failed(granted: object) -> bool:
+    """True for a SUBACK entry that refuses the subscription (0x80; paho gives ReasonCode
+    objects or ints)."""
+    value = getattr(granted, "value", granted)
+    return isinstance(value, int) and value >= 0x80
+
+
 class Bus:
     """One MQTT session that reconnects by itself.
 
     ``async with Bus(...) as bus`` starts the connection task; ``publish`` returns False (and
     drops the message) while disconnected: callers re-publish their current state from
-    ``on_connect``. Raises nothing on broker failures; they are logged and retried.
+    ``on_connect``. Raises nothing on broker failures; they are logged and retried, and the
+    last one is kept in :attr:`last_error` (None once connected).
     ``subscriptions``: topic filters, subscribed at QoS 1, or (filter, QoS) pairs.
+    ``tls``: connect with TLS (None: plain TCP). ``username``/``password``: MQTT credentials
+    (the password is never logged).
     """
 
     def __init__(
@@ -85,6 +184,7 @@ class Bus:
         will: Will | None = None,
         username: str | None = None,
         password: str | None = None,
+        tls: TlsConfig | None = None,
         keepalive_s: int = 15,
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
@@ -99,6 +199,7 @@ class Bus:
         self._will = will
         self._username = username
         self._password = password
+        self._tls = tls
         self._keepalive = keepalive_s
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._timeout = timeout_s
@@ -106,6 +207,20 @@ class Bus:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.connects = 0
+        #: why the last connection attempt failed or the connection was lost (None: connected
+        #: or not tried yet); ``hint`` says what to check when that is known
+        self.last_error: str | None = None
+        self.last_hint: str | None = None
+        #: the last failure was a refusal (credentials, TLS), not a network or broker outage
+        self.last_refused = False
+        #: subscription filters the broker refused on the last connect (its ACL)
+        self.refused_subscriptions: list[str] = []
+        if password is not None and tls is None and host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning(
+                "bus_credentials_in_clear",
+                broker=f"{host}:{port}",
+                hint="the password crosses the network unencrypted: set bus.tls: true",
+            )
 
     async def __aenter__(self) -> Bus:
         self._task = asyncio.create_task(self.run(), name=f"bus:{self._client_id}")
@@ -121,7 +236,20 @@ class Bus:
             self._task = None
 
     async def wait_connected(self, timeout: float) -> None:
-        await asyncio.wait_for(self.connected.wait(), timeout)
+        """Wait until connected. Raises :class:`BusConnectTimeout` (a TimeoutError) after
+        ``timeout`` seconds, with the last connection error and what to check."""
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout)
+        except TimeoutError:
+            why = self.last_error or "no answer yet"
+            hint = f"; {self.last_hint}" if self.last_hint else ""
+            raise BusConnectTimeout(
+                f"not connected to the MQTT broker at {self._host}:{self._port} within "
+                f"{timeout:g} s: {why}{hint}",
+                error=self.last_error,
+                hint=self.last_hint,
+                refused=self.last_refused,
+            ) from None
 
     async def publish(
         self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
@@ -145,6 +273,16 @@ class Bus:
         _reraise_lost_cancel()
         return True
 
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """A fresh context per attempt (renewed certificates are picked up on reconnect);
+        unreadable files become an MqttError, logged and retried like any failed connect."""
+        if self._tls is None:
+            return None
+        try:
+            return self._tls.context()
+        except OSError as exc:  # ssl.SSLError included
+            raise aiomqtt.MqttError(f"TLS files: {exc}") from None
+
     async def run(self) -> None:
         """Connect, subscribe, dispatch; reconnect forever with jittered backoff."""
         attempt = 0
@@ -161,6 +299,7 @@ class Bus:
                     identifier=self._client_id,
                     username=self._username,
                     password=self._password,
+                    tls_context=self._tls_context(),
                     protocol=aiomqtt.ProtocolVersion.V311,
                     clean_session=True,
                     keepalive=self._keepalive,
@@ -173,11 +312,25 @@ class Bus:
                     # calls awaiting their PUBACKs): expected, not worth aiomqtt's warning at 10
                     client.pending_calls_threshold = PENDING_CALLS_WARN
                     self._client = client
+                    denied: list[str] = []
                     for sub in self._subscriptions:
                         topic, qos = (sub, 1) if isinstance(sub, str) else sub
-                        await client.subscribe(topic, qos=qos)
+                        granted = await client.subscribe(topic, qos=qos)
+                        if any(_failed(g) for g in granted or ()):
+                            denied.append(topic)
+                    self.refused_subscriptions = denied
+                    if denied:
+                        log.error(
+                            "bus_subscription_refused",
+                            broker=f"{self._host}:{self._port}",
+                            client_id=self._client_id,
+                            topics=denied,
+                            hint="the broker's ACL does not let this user read them",
+                        )
                     self.connected.set()
                     self.connects += 1
+                    self.last_error = self.last_hint = None
+                    self.last_refused = False
                     attempt = 0
                     log.info(
                         "bus_connected",
@@ -208,13 +361,20 @@ class Bus:
                 attempt += 1
                 lo, hi = self._backoff
                 delay = random.uniform(lo, min(hi, lo * 2**attempt))
-                log.warning(
-                    "bus_disconnected",
-                    broker=f"{self._host}:{self._port}",
-                    error=str(exc),
-                    retry_in_s=round(delay, 2),
-                    attempt=attempt,
-                )
+                self.last_error, self.last_hint, refused = _explain(exc, tls=self._tls is not None)
+                self.last_refused = refused
+                fields = {
+                    "broker": f"{self._host}:{self._port}",
+                    "error": self.last_error,
+                    "retry_in_s": round(delay, 2),
+                    "attempt": attempt,
+                }
+                if self.last_hint is not None:
+                    fields["hint"] = self.last_hint
+                if refused:
+                    log.error("bus_refused", **fields, user=self._username)
+                else:
+                    log.warning("bus_disconnected", **fields)
             finally:
                 self._client = None
                 self.connected.clear()

@@ -14,6 +14,7 @@
   linkguard sim fleet              published failure rates on a generated fleet: cost with/without
   linkguard sim lab                replay a scenario on network namespaces (real kernel, agents)
   linkguard report                 the interruption report of a ledger (text, JSON, CSV)
+  linkguard keys generate          the service's Ed25519 key pair for signed plans
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
 faults``: broker unreachable), 2 bad usage or configuration.
@@ -563,6 +564,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=_positive(int, lo=1, hi=65535), default=1883)
     b.add_argument("--log-format", choices=["json", "console"], default="console")
 
+    k = sub.add_parser("keys", help="signing keys for plans (Ed25519)")
+    ksub = k.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    kg = ksub.add_parser(
+        "generate",
+        help="write the service's key pair: service.key (0600) and service.pub",
+        description="Write a new Ed25519 key pair for signed plans: DIR/service.key (PEM PKCS "
+        "#8, mode 0600: the service's signing_key) and DIR/service.pub (PEM: every agent's "
+        "service_public_key). Prints the paths and the key id.",
+        epilog="Exit codes: 0 written, 1 DIR cannot be written, 2 a key file exists already "
+        "(nothing written; --force replaces both).",
+    )
+    kg.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
+    kg.add_argument("--force", action="store_true", help="replace an existing key pair")
+
     sim = sub.add_parser("sim", help="fault-injection simulations driven by scenario files")
     simsub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
     sc = simsub.add_parser(
@@ -712,8 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
         "link-caused interruptions avoided, idled GPU-hours with and without linkguard, "
         "GPU-hours and money saved, reroutes, worst links, per-rail and per-leaf tables. The "
         "cost model is the fleet simulator's (linkguard.simulations.fleetreport).",
-        epilog="Exit codes: 0 done, 1 the output could not be written, 2 bad arguments or a "
-        "missing, unreadable or newer-schema ledger.",
+        epilog="Exit codes: 0 done, 1 the output could not be written, 2 bad arguments, no "
+        "run in the window, or a missing, empty, unreadable, corrupted or newer-schema ledger. "
+        "The ledger is opened read-only: the report never creates or changes a file.",
     )
     rp.add_argument("--ledger", type=Path, required=True, metavar="PATH", help="the ledger file")
     rp.add_argument("--format", choices=["text", "json", "csv"], default="text")
@@ -728,10 +744,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--since",
         type=_time,
         metavar="TIME",
-        help="window start: Unix seconds or ISO 8601 (UTC unless a zone is given); default "
-        "the ledger's first run",
+        help="window start: ISO 8601 (2023-11-20, 2023-11-20T12:00:00Z; UTC unless a zone is "
+        "given) or Unix seconds with at least 9 digits or a decimal point (1700000000; a "
+        "bare 20231120 is refused as ambiguous); default the ledger's first run. The window "
+        "is clamped to what the ledger recorded",
     )
-    rp.add_argument("--until", type=_time, metavar="TIME", help="window end (exclusive)")
+    rp.add_argument(
+        "--until",
+        type=_time,
+        metavar="TIME",
+        help="window end (exclusive), as --since; default the ledger's last record (now while "
+        "a service is recording)",
+    )
     rp.add_argument("--out", type=Path, metavar="F", help="write to F instead of stdout")
     return parser
 
@@ -799,6 +823,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "report":
         return _report(args)
+
+    if args.command == "keys":
+        return _keys(args)
 
     if args.command == "sim":
         handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
@@ -1001,7 +1028,15 @@ def _faults(args: argparse.Namespace) -> int:
         confirmed = asyncio.run(
             _publish_retained(bus, topic, encode(args.faults), timeout=args.timeout)
         )
-    except TimeoutError:  # before OSError: it is one
+    except TimeoutError as exc:  # before OSError: it is one
+        from linkguard.bus import BusConnectTimeout
+
+        if isinstance(exc, BusConnectTimeout) and exc.refused:  # bad credentials, TLS failed
+            return _fail(
+                f"the MQTT broker at {where} refused the connection: {exc.error}: {exc.hint} "
+                "(see the bus section of --config); nothing published",
+                1,
+            )
         return _fail(
             f"cannot reach the MQTT broker at {where} within {args.timeout:g} s (is it running? "
             "see --broker, or the bus section of --config); nothing published",
@@ -1249,7 +1284,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.out is not None and not args.out.resolve().parent.is_dir():
         return _fail(f"report: cannot write {args.out}: {args.out.parent} is not a directory", 1)
     try:
-        with Ledger(args.ledger, create=False) as ledger:
+        with Ledger(args.ledger, read_only=True) as ledger:  # creates and changes nothing
             rep = ledger.report(
                 price_per_gpu_hour=args.price_per_gpu_hour, since=args.since, until=args.until
             )
@@ -1270,6 +1305,22 @@ def _report(args: argparse.Namespace) -> int:
         args.out.write_text(text, encoding="utf-8")
     except OSError as exc:
         return _fail(f"report: cannot write {args.out}: {exc}", 1)
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """``keys generate``: :func:`linkguard.signing.generate_keys`."""
+    from linkguard.signing import Verifier, generate_keys
+
+    try:
+        key, pub = generate_keys(args.out, force=args.force)
+    except FileExistsError as exc:
+        return _fail(f"keys generate: {exc}", 2)
+    except OSError as exc:
+        return _fail(f"keys generate: cannot write {args.out}: {exc.strerror or exc}", 1)
+    print(f"signing key (service: signing_key): {key}")
+    print(f"public key (agents: service_public_key): {pub}")
+    print(f"key id: {Verifier.from_file(pub).key_id}")
     return 0
 
 

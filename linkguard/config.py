@@ -11,8 +11,9 @@ import ipaddress
 import os
 import re
 import socket
+import ssl
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -34,6 +35,9 @@ from pydantic_settings import (
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer
 from linkguard.topology.backoff import BackoffPolicy
+
+if TYPE_CHECKING:
+    from linkguard.bus import TlsConfig
 
 __all__ = [
     "AgentSettings",
@@ -58,10 +62,40 @@ class _Section(BaseModel):
 
 
 class BusSettings(_Section):
+    """How to reach the MQTT broker: address, TLS, credentials, timers.
+
+    TLS and credentials (the hardened broker of deploy/mosquitto/, certificates and passwords
+    made by deploy/make-certs.sh): ``tls`` on, ``ca_file`` the CA that signed the broker's
+    certificate (None: the system's trusted CAs), ``cert_file``/``key_file`` a client
+    certificate (optional; PEM, the key may be inside ``cert_file``), ``username`` and either
+    ``password`` or ``password_file`` (its first line, read when the agent or service starts;
+    never logged: ``password`` is a SecretStr). Every file is checked when the settings are
+    loaded: a missing or unreadable one, or a certificate or key that does not load, raises
+    :class:`ConfigError` naming the setting.
+    """
+
     host: str = "127.0.0.1"
-    port: int = Field(1883, ge=1, le=65535)
-    username: str | None = None
-    password: str | None = None
+    port: int = Field(1883, ge=1, le=65535, description="8883 for the TLS listener of deploy/")
+    username: str | None = Field(
+        None, min_length=1, description="the host's name for agents (the broker's ACL maps it)"
+    )
+    password: SecretStr | None = Field(None, description="or password_file; never logged")
+    password_file: Path | None = Field(
+        None, description="file whose first line is the password (mode 0600), read at start"
+    )
+    tls: bool = Field(False, description="connect with TLS (the broker's 8883 listener)")
+    ca_file: Path | None = Field(
+        None, description="PEM CA certificate(s) to verify the broker; None: system CAs"
+    )
+    cert_file: Path | None = Field(None, description="PEM client certificate (optional)")
+    key_file: Path | None = Field(
+        None, description="PEM key of cert_file; None: the key is in cert_file"
+    )
+    tls_insecure: bool = Field(
+        False,
+        description="do not check that the broker's certificate names bus.host (the chain is "
+        "still verified); for tests only",
+    )
     keepalive_s: int = Field(
         15,
         ge=5,
@@ -73,9 +107,104 @@ class BusSettings(_Section):
     reconnect_max_s: float = Field(10.0, gt=0)
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
 
+    @model_validator(mode="after")
+    def _tls_and_credentials(self) -> BusSettings:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        if (self.password is not None or self.password_file is not None) and not self.username:
+            raise ValueError("a password needs a username")
+        if self.password_file is not None:
+            self._password_from_file()
+        files = ("ca_file", "cert_file", "key_file")
+        if not self.tls:
+            given = [f for f in files if getattr(self, f) is not None]
+            if given or self.tls_insecure:
+                raise ValueError(
+                    f"{', '.join(given or ['tls_insecure'])} given but tls is off (set tls: true)"
+                )
+            return self
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file (the client certificate)")
+        for name in files:
+            path = getattr(self, name)
+            if path is not None:
+                _readable(name, path)
+        # load them as the bus will (linkguard.bus.TlsConfig.context), naming the bad one
+        ctx = ssl.create_default_context()
+        if self.ca_file is not None:
+            try:
+                ctx.load_verify_locations(cafile=str(self.ca_file))
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise ValueError(
+                    f"ca_file {self.ca_file} is not a PEM CA certificate: {exc}"
+                ) from None
+        if self.cert_file is not None:
+            key = self.key_file or self.cert_file
+            try:
+                ctx.load_cert_chain(str(self.cert_file), str(key))
+            except (OSError, ValueError) as exc:
+                raise ValueError(
+                    f"cert_file {self.cert_file} with key {key}: not a PEM certificate and "
+                    f"its private key: {exc}"
+                ) from None
+        return self
+
+    def _password_from_file(self) -> str:
+        path = self.password_file
+        assert path is not None
+        _readable("password_file", path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"password_file {path}: cannot read it: {exc}") from None
+        lines = text.splitlines()
+        if not lines or not lines[0]:
+            raise ValueError(f"password_file {path}: the first line (the password) is empty")
+        return lines[0]
+
+    def tls_config(self) -> TlsConfig | None:
+        """The TLS parameters for :class:`linkguard.bus.Bus` (None: plain TCP)."""
+        from linkguard.bus import TlsConfig  # here: the bus module imports the MQTT client
+
+        if not self.tls:
+            return None
+        return TlsConfig(
+            ca_file=self.ca_file,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            insecure=self.tls_insecure,
+        )
+
     def connection(self) -> dict[str, Any]:
-        """Keyword arguments for :class:`linkguard.bus.Bus` (broker, credentials, timers)."""
-        return self.model_dump(exclude={"max_message_bytes"})
+        """Keyword arguments for :class:`linkguard.bus.Bus` (broker, TLS, credentials, timers).
+        Reads ``password_file`` now; raises :class:`ConfigError` when it became unreadable."""
+        password = self.password.get_secret_value() if self.password is not None else None
+        if self.password_file is not None:
+            try:
+                password = self._password_from_file()
+            except ValueError as exc:
+                raise ConfigError(f"bus.{exc}") from None
+        return {
+            "host": self.host,
+            "port": self.port,
+            "username": self.username,
+            "password": password,
+            "tls": self.tls_config(),
+            "keepalive_s": self.keepalive_s,
+            "reconnect_min_s": self.reconnect_min_s,
+            "reconnect_max_s": self.reconnect_max_s,
+        }
+
+
+def _readable(setting: str, path: Path) -> None:
+    """ValueError naming ``setting`` (a BusSettings field) unless ``path`` is a readable
+    regular file."""
+    if not path.exists():
+        raise ValueError(f"{setting} {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{setting} {path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{setting} {path} is not readable by this user")
 
 
 class PortConfig(_Section):
@@ -136,7 +265,7 @@ class LedgerSettings(_Section):
     path: Path | None = Field(
         None,
         description="SQLite file, e.g. /var/lib/linkguard/ledger.sqlite3 (its directory must "
-        "exist); None: no ledger is kept",
+        "exist); null or '' = no ledger is kept",
     )
     retention_days: float = Field(
         90.0,
@@ -151,6 +280,12 @@ class LedgerSettings(_Section):
         description="ports going down within this long of an incident's first down join it "
         "(a leaf reboot is one incident)",
     )
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        # LINKGUARD_LEDGER__PATH= (empty) means no ledger, as metrics_listen; never "."
+        return None if isinstance(v, str) and not v.strip() else v
 
 
 class _Base(BaseSettings):
@@ -249,6 +384,17 @@ class AgentSettings(_Base):
     )
     refresh_interval_s: float = Field(
         30.0, ge=1, description="re-publish all port states this often (s, +-10 % jitter)"
+    )
+    service_public_key: Path | None = Field(
+        None,
+        description="the topology service's Ed25519 public key (PEM or raw 32 bytes, "
+        "`linkguard keys generate`): plans and peer routes must be signed with its private "
+        "key; None: they are applied unverified (simulations, quickstart; logged at start)",
+    )
+    require_signed_plans: bool = Field(
+        True,
+        description="with service_public_key: refuse unsigned plans and peer routes (false "
+        "only while rolling keys out: unsigned ones are then applied, signed ones verified)",
     )
     metrics_listen: str | None = Field(
         "127.0.0.1:9477",
@@ -352,6 +498,12 @@ class ServiceSettings(_Base):
     startup_settle_s: float = Field(
         1.0, ge=0, le=600, description="collect retained states this long before the first plans"
     )
+    signing_key: Path | None = Field(
+        None,
+        description="Ed25519 private key (PEM PKCS #8 or raw 32 bytes, mode 0600 or stricter; "
+        "`linkguard keys generate`) that signs every plan and peer routes message; None: "
+        "published unsigned",
+    )
     ledger: LedgerSettings = Field(
         default_factory=LedgerSettings,
         description="interruption ledger (LINKGUARD_LEDGER__PATH=...); off until a path is set",
@@ -388,7 +540,10 @@ def _load_yaml(path: Path) -> None:
         raise ConfigError(f"config file {path} is not a file")
     try:
         doc = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except RecursionError:
+        raise ConfigError(f"cannot read config {path}: nested too deeply") from None
+    # ValueError: undecodable bytes, an integer of more than 4,300 digits
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
     if doc is not None and not isinstance(doc, dict):
         raise ConfigError(

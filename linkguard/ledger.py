@@ -15,8 +15,10 @@ Tables (schema :data:`SCHEMA_VERSION`, in ``meta``; a file of a newer schema is 
   fabric name, hosts, GPUs, rails, ``window_start`` / ``window_end`` (what the run observed;
   a service run's end moves forward with every write and every 30 s), ``duration_s``, the job
   model used (``model``: the fields of
-  :class:`~linkguard.simulations.failures.FailureModel`, JSON) and ``stats`` (a simulation's
-  ``reroutes``, ``solves``, ``plans``);
+  :class:`~linkguard.simulations.failures.FailureModel`, JSON) and ``stats`` (JSON: a
+  simulation's ``reroutes``, ``solves``, ``plans``; a service run's ``initial_epoch``, the
+  epoch of its first ``plans`` change, the initial build, which the report does not count as a
+  reroute);
 - ``events``: every change as the service saw it (kind, ``at``, ``seq``, host / hca / port /
   rail / leaf / su where the change names a port or host, ``data`` JSON; a ``port`` change
   without its ``counters``, an ``audit`` change without its findings list);
@@ -59,7 +61,12 @@ here is the service's time of the change):
 Retention: ``retention_days`` (service default 90, :class:`~linkguard.config.LedgerSettings`);
 rows older than that are deleted when the ledger opens and every hour after; runs that ended
 before it are dropped, and the start of older ones moves up to it. None keeps everything (a
-simulation's ledger, or one opened for the report).
+simulation's ledger, or one opened for the report). A service pointed at an old ledger (a
+simulation's, whose times start at ``WALL0``, 2023-11-14) therefore empties it at start.
+
+Reading: queries and ``read_only`` ledgers open the file with SQLite's ``mode=ro`` (see
+:class:`Ledger`): a report never creates or changes a file. The writer checks every 30 s that
+its path still names the file it has open and logs ``ledger_file_replaced`` once if not.
 
 Writes never block the caller: :meth:`Ledger.consumer`'s callback only puts the change on a
 bounded queue (``queue_size`` changes; beyond that they are counted in ``dropped`` and logged
@@ -76,6 +83,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import queue
 import re
 import sqlite3
@@ -272,35 +280,64 @@ def port_places(fabric: Fabric) -> dict[PortKey, PortPlace]:
     return out
 
 
+#: The latest time :func:`parse_time` accepts: 9999-12-31T23:59:59Z (Unix s), the end of what
+#: ISO 8601 dates and :func:`iso` can show.
+MAX_TIME = 253_402_300_799.0
+
+#: A bare integer of fewer digits than this is refused as a time: ``20231120`` reads like the
+#: date 2023-11-20 but would be 1970-08-23 in Unix seconds (s since the epoch reach 9 digits in
+#: 1973).
+_EPOCH_DIGITS = 9
+_BARE_INT = re.compile(r"[+-]?[\d_]+")
+
+
 def parse_time(text: str | float | int) -> float:
-    """Seconds since the Unix epoch from a number (``1700000000``, ``1.7e9``) or an ISO 8601
-    date/time (``2024-05-01``, ``2024-05-01T12:00:00+02:00``; without a zone it is UTC).
-    Raises ValueError naming the text otherwise."""
+    """Seconds since the Unix epoch from a number or an ISO 8601 date/time (``2024-05-01``,
+    ``2024-05-01T12:00:00+02:00``; without a zone it is UTC). A number given as text counts as
+    Unix seconds only with at least 9 digits, a decimal point or an exponent (``1700000000``,
+    ``1.7e9``, ``0.0``): a shorter bare integer such as ``20231120`` is ambiguous (a date?) and
+    refused. The result is between 0 (1970-01-01) and :data:`MAX_TIME` (9999-12-31). Raises
+    ValueError starting ``not a time: <text>`` and saying how to write one otherwise."""
+    how = (
+        "give an ISO 8601 date/time such as 2023-11-20 or 2023-11-20T12:00:00Z, or seconds "
+        "since the Unix epoch with at least 9 digits or a decimal point, such as 1700000000"
+    )
+    short_int = False
     if isinstance(text, int | float) and not isinstance(text, bool):
         value = float(text)
     else:
         s = str(text).strip()
         try:
             value = float(s)
+            short_int = bool(_BARE_INT.fullmatch(s)) and sum(map(str.isdigit, s)) < _EPOCH_DIGITS
         except ValueError:
             try:
                 dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
-            except ValueError:
-                raise ValueError(
-                    f"not a time: {text!r} (give seconds since the Unix epoch or an ISO 8601 "
-                    "date/time such as 2024-05-01T12:00:00Z)"
-                ) from None
-            if dt.tzinfo is None:
-                dt = dt.replace(tzinfo=UTC)
-            value = dt.timestamp()
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"not a time: {text!r} (must be finite and not before 1970)")
+                if dt.tzinfo is None:
+                    dt = dt.replace(tzinfo=UTC)
+                value = dt.timestamp()
+            except (ValueError, OverflowError):
+                raise ValueError(f"not a time: {str(text)[:64]!r} ({how})") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_TIME):
+        raise ValueError(
+            f"not a time: {str(text)[:64]!r} (must be between 1970-01-01 and 9999-12-31, "
+            f"0 .. {MAX_TIME:.0f} s since the Unix epoch)"
+        )
+    if short_int:
+        raise ValueError(
+            f"not a time: {str(text)[:64]!r} is ambiguous, a bare number of fewer than "
+            f"{_EPOCH_DIGITS} digits ({how}; 0.0 for the epoch itself)"
+        )
     return value
 
 
 def iso(t: float) -> str:
-    """``t`` (Unix s) as ISO 8601 UTC, to the second (``2023-11-14T22:13:20Z``)."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``t`` (Unix s) as ISO 8601 UTC, to the second (``2023-11-14T22:13:20Z``); a value no
+    date can show (negative, past year 9999, not finite) as ``<t> s``. Never raises."""
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return f"{t!r} s"
 
 
 # -- incidents --------------------------------------------------------------------------------
@@ -525,7 +562,9 @@ def model_from_json(text: str) -> FailureModel:
 
     try:
         raw = json.loads(text)
-    except ValueError:
+    except (TypeError, ValueError):
+        raw = {}
+    if not isinstance(raw, dict):
         raw = {}
     known = {f.name for f in fields(FailureModel)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
@@ -535,13 +574,27 @@ def model_from_json(text: str) -> FailureModel:
         return FailureModel()
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class Ledger:
     """One ledger file (module docstring).
 
     ``path``: the SQLite file (created with its parent's permissions when ``create`` and
     missing; its directory must exist). ``retention_days``: delete older rows on open and
     hourly (None: never). ``incident_window_s``: ports going down this close to an incident's
-    first down join it. Raises :class:`LedgerError` for a path that cannot be a ledger."""
+    first down join it. ``read_only``: only query an existing ledger (the report): opened
+    with SQLite's ``mode=ro``, so nothing is created or changed; a ledger no writer has open
+    (no ``-wal`` file beside it) is read as ``immutable``, so not even SQLite's ``-wal`` /
+    ``-shm`` files appear. Queries (:meth:`events`, :meth:`report`) always read that way.
+    Raises :class:`LedgerError` for a path that cannot be a ledger, ValueError for
+    ``read_only`` with ``retention_days``."""
 
     def __init__(
         self,
@@ -551,8 +604,13 @@ class Ledger:
         incident_window_s: float = 1.0,
         create: bool = True,
         queue_size: int = 100_000,
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
+        if read_only and retention_days is not None:
+            raise ValueError("a read-only ledger cannot purge: retention_days must be None")
+        self.read_only = read_only
+        create = create and not read_only
         if retention_days is not None and not (
             math.isfinite(retention_days) and retention_days > 0
         ):
@@ -573,6 +631,10 @@ class Ledger:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_purge = 0.0
+        self._file_id = None if read_only else _file_id(self.path)
+        self._last_file_check = 0.0
+        self._file_replaced = False
+        self._initial_epoch_seen = False
         #: changes not recorded: the queue was full, or the ledger was closed
         self.dropped = 0
         #: write transactions that failed (logged)
@@ -593,19 +655,40 @@ class Ledger:
             if not p.parent.is_dir():
                 raise LedgerError(f"cannot create ledger {p}: {p.parent} is not a directory")
 
-    def _connect(self, *, create: bool) -> sqlite3.Connection:
-        """Open, switch to WAL, create or check the schema."""
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A ``mode=ro`` connection (``immutable`` too when no writer has the file open: no
+        ``-wal`` beside it); never creates or changes a file. Raises :class:`LedgerError`."""
         p = self.path
+        if not p.is_file():
+            gone = " (deleted or moved since it was opened)" if hasattr(self, "_conn") else ""
+            raise LedgerError(f"no ledger at {p}{gone}")
+        uri = p.resolve().as_uri() + "?mode=ro"
+        if not Path(f"{p}-wal").exists():
+            uri += "&immutable=1"
         try:
-            conn = sqlite3.connect(p, timeout=10, isolation_level=None, check_same_thread=False)
+            return sqlite3.connect(
+                uri, uri=True, timeout=10, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
-            raise LedgerError(f"cannot open ledger {p}: {exc}") from None
+            raise LedgerError(f"cannot read ledger {p}: {exc}") from None
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection:
+        """Open, switch to WAL, create or check the schema (read-only: only check it)."""
+        p = self.path
+        if self.read_only:
+            conn = self._open_read_only()
+        else:
+            try:
+                conn = sqlite3.connect(p, timeout=10, isolation_level=None, check_same_thread=False)
+            except sqlite3.Error as exc:
+                raise LedgerError(f"cannot open ledger {p}: {exc}") from None
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise LedgerError(f"ledger {p}: SQLite refused WAL mode (journal mode {mode})")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
+            if not self.read_only:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise LedgerError(f"ledger {p}: SQLite refused WAL mode (journal mode {mode})")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
             tables = {
                 r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
@@ -651,10 +734,7 @@ class Ledger:
         """A connection of its own for one query (any thread), in one read transaction."""
         if self._closed:
             raise LedgerError(f"ledger {self.path} is closed")
-        try:
-            conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot read ledger {self.path}: {exc}") from None
+        conn = self._open_read_only()
         try:
             conn.row_factory = sqlite3.Row
             conn.execute("BEGIN")
@@ -696,12 +776,15 @@ class Ledger:
         :class:`~linkguard.simulations.failures.FailureModel`'s defaults)."""
         if source not in ("service", "simulation"):
             raise ValueError(f"source must be 'service' or 'simulation', got {source!r}")
+        if self.read_only:
+            raise LedgerError(f"ledger {self.path} is open read-only")
         start = time.time() if window_start is None else window_start
         end = start if window_end is None else window_end
         self._places = port_places(fabric)
         self.builder = IncidentBuilder(self._places, window_s=self.incident_window_s)
         self._suppressed = {}
         self._run_start = start
+        self._initial_epoch_seen = False
         with self._lock:
             cur = self._conn.execute(
                 "INSERT INTO runs (source, fabric, hosts, gpus, rails, window_start, window_end,"
@@ -765,6 +848,9 @@ class Ledger:
             self._thread.join(timeout)
         self._closed = True
         with self._lock:
+            if self.read_only:
+                self._conn.close()
+                return
             try:
                 if self.run_id is not None:
                     self._conn.execute(
@@ -823,6 +909,12 @@ class Ledger:
         rows: dict[str, list[tuple[object, ...]]] = {t: [] for t in _INSERTS}
         touched: dict[int, Incident] = {}
         saved: dict[int, tuple[int | None, list[PortKey]]] = {}
+        initial = None
+        if not self._initial_epoch_seen:
+            first = next((c for c in changes if c.kind == "plans"), None)
+            if first is not None:
+                self._initial_epoch_seen = True
+                initial = int(first.data.get("epoch", 0))
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN")
@@ -841,6 +933,12 @@ class Ledger:
                     "UPDATE runs SET window_end = max(window_end, ?) WHERE id = ?",
                     (end, self.run_id),
                 )
+                if initial is not None:  # the run's initial build: not a reroute (report)
+                    conn.execute(
+                        "UPDATE runs SET stats = json_set(stats, '$.initial_epoch', ?)"
+                        " WHERE id = ?",
+                        (initial, self.run_id),
+                    )
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -848,8 +946,25 @@ class Ledger:
                     touched[k].row_id, touched[k].new_ports = row_id, ports
                 raise
         self.recorded += len(changes)
+        if now - self._last_file_check >= HEARTBEAT_S:
+            self._check_file(now)
         if self.retention_days is not None and now - self._last_purge >= PURGE_EVERY_S:
             self.purge(now=now)
+
+    def _check_file(self, now: float) -> None:
+        """Log ``ledger_file_replaced`` once when the path no longer names the open file
+        (deleted, moved or replaced under the service: its writes go nowhere readable)."""
+        self._last_file_check = now
+        if self._file_replaced or self._file_id is None or _file_id(self.path) == self._file_id:
+            return
+        self._file_replaced = True
+        log.error(
+            "ledger_file_replaced",
+            path=str(self.path),
+            hint="the ledger file was deleted, moved or replaced while open; what is recorded "
+            "now goes to the old file, which nothing can read: restart the service to "
+            "open the ledger at this path again",
+        )
 
     def _record(self, c: Change, rows: dict[str, list[tuple[object, ...]]]) -> list[Incident]:
         """Rows for one change into ``rows``; the incidents it touched."""
@@ -1013,9 +1128,9 @@ class Ledger:
                 self._conn.execute(
                     "DELETE FROM runs WHERE window_end < ? AND id IS NOT ?", (cutoff, self.run_id)
                 )
-                self._conn.execute(
-                    "UPDATE runs SET window_start = ?, duration_s = window_end - ?"
-                    " WHERE window_start < ?",
+                self._conn.execute(  # a run still recording keeps no duration (closed sets it)
+                    "UPDATE runs SET window_start = ?, duration_s = CASE WHEN duration_s IS NULL"
+                    " THEN NULL ELSE window_end - ? END WHERE window_start < ?",
                     (cutoff, cutoff, cutoff),
                 )
                 self._conn.execute("COMMIT")
@@ -1202,11 +1317,15 @@ class Ledger:
         price_per_gpu_hour: float = 2.0,
         since: float | None = None,
         until: float | None = None,
+        now: float | None = None,
     ) -> LedgerReport:
         """The interruption report over ``[since, until)`` (Unix s; default: the runs'
-        whole window). Raises ValueError for a negative or non-finite price or ``since``
-        not before ``until``, :class:`LedgerError` when the ledger has no run in the
-        window."""
+        whole window), clamped to what the runs recorded; a service run still recording
+        reaches ``now`` (default the clock). Raises ValueError for a negative or non-finite
+        price, a time outside 0 .. :data:`MAX_TIME` or ``since`` not before ``until``;
+        :class:`NoRunError` when no run overlaps the window; :class:`LedgerError` when the
+        ledger cannot be read or its runs hold values no run can have (naming row and field).
+        """
         from linkguard.ledgerreport import build_report
 
         with self._reader() as conn:
@@ -1216,6 +1335,7 @@ class Ledger:
                 price_per_gpu_hour=price_per_gpu_hour,
                 since=since,
                 until=until,
+                now=time.time() if now is None else now,
             )
 
     def count(self, table: str) -> int:

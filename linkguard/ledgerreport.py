@@ -14,7 +14,12 @@ defaults), its GPU count and the window's length. So a ledger written by ``linkg
 --ledger`` reports the simulator's own numbers. An outage whose reroute is ``pending`` or
 ``unconfirmed`` (an affected host never acked its new plan) is charged as without linkguard.
 The window is one stretch from its start to its end: gaps between service runs count as time
-without outages.
+without outages. It is the ``since`` / ``until`` asked for, clamped to the runs that overlap
+it (first start to last end), so time nobody recorded never dilutes the rates; a service run
+still recording (not closed, written within :data:`LIVE_WITHIN_S`) ends now. Reroutes and
+solves leave out each service run's initial plan build (the simulator leaves out its build at
+time 0 too); an outage still open is never a needless reroute (its length is not known yet).
+The ``runs`` rows are checked (:class:`~linkguard.ledger.LedgerError` names row and field).
 
 Reference rate: Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4 and Table 5: 419
 unexpected interruptions in 54 days of pre-training on 16,384 GPUs (0.47 per 1,000 GPU-days,
@@ -32,11 +37,12 @@ import json
 import math
 import sqlite3
 import textwrap
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from linkguard.ledger import NoRunError, iso, model_from_json
+from linkguard.ledger import HEARTBEAT_S, MAX_TIME, LedgerError, NoRunError, iso, model_from_json
 from linkguard.simulations.engine import percentile
 from linkguard.simulations.failures import FailureModel
 from linkguard.simulations.fleetreport import ASSUMES, Cost, Outage, cost_with, cost_without
@@ -123,6 +129,19 @@ class LedgerReport:
     worst_links: list[dict[str, Any]] = field(default_factory=list)
     per_rail: list[dict[str, Any]] = field(default_factory=list)
     per_leaf: list[dict[str, Any]] = field(default_factory=list)
+    #: the ``since`` / ``until`` asked for (None: not given); ``since`` / ``until`` above are
+    #: those clamped to what the runs recorded
+    requested_since: float | None = None
+    requested_until: float | None = None
+    #: the window ends now: a service run is still recording
+    live: bool = False
+
+    @property
+    def clamped(self) -> bool:
+        """The window asked for reached past what the ledger recorded."""
+        return (self.requested_since is not None and self.requested_since < self.since) or (
+            self.requested_until is not None and self.requested_until > self.until
+        )
 
     @property
     def gpu_days(self) -> float:
@@ -142,9 +161,19 @@ class LedgerReport:
     def dollars_saved(self) -> float:
         return round(self.gpu_hours_saved * self.price_per_gpu_hour, 2)
 
+    def outage_counts(self) -> dict[str, Any]:
+        """``outages``, ``open`` (still down at the window's end), ``isolated`` (a host lost
+        every rail) and ``by_kind`` (kind -> outages)."""
+        kinds = Counter(o["kind"] for o in self.outages)
+        return {
+            "outages": len(self.outages),
+            "open": sum(1 for o in self.outages if o["open"]),
+            "isolated": sum(1 for o in self.outages if o["isolated"]),
+            "by_kind": dict(sorted(kinds.items())),
+        }
+
     def to_dict(self) -> dict[str, object]:
         m = self.model
-        kinds = Counter(o["kind"] for o in self.outages)
         return {
             "schema": REPORT_SCHEMA,
             "ledger": self.ledger,
@@ -157,6 +186,9 @@ class LedgerReport:
                 "until_iso": iso(self.until),
                 "duration_s": self.duration_s,
                 "days": self.duration_s / 86400,
+                "requested": {"since": self.requested_since, "until": self.requested_until},
+                "clamped": self.clamped,
+                "live": self.live,
             },
             "fabric": {
                 "name": self.fabric,
@@ -171,12 +203,7 @@ class LedgerReport:
                 "restart_cost_s": m.restart_cost_s,
                 "ride_out_s": m.ride_out_s,
             },
-            "outage_counts": {
-                "outages": len(self.outages),
-                "open": sum(1 for o in self.outages if o["open"]),
-                "isolated": sum(1 for o in self.outages if o["isolated"]),
-                "by_kind": dict(sorted(kinds.items())),
-            },
+            "outage_counts": self.outage_counts(),
             "with_linkguard": _cost_dict(self.with_linkguard),
             "without_linkguard": _cost_dict(self.without_linkguard),
             "interruptions_avoided": self.interruptions_avoided,
@@ -206,13 +233,20 @@ class LedgerReport:
         lines = [
             f"ledger {self.ledger} ({', '.join(self.sources)}; {self.runs} run(s)): "
             f"{self.fabric}, {self.hosts:,} hosts x {self.rails} rails ({self.gpus:,} GPUs)",
-            f"  window {iso(self.since)} .. {iso(self.until)}: {days:,.2f} days, "
-            f"{self.gpu_days:,.0f} GPU-days",
+            f"  window {iso(self.since)} .. {iso(self.until)}"
+            + (" (now: a service run is still recording)" if self.live else "")
+            + f": {days:,.2f} days, {self.gpu_days:,.0f} GPU-days",
             f"  {n} outages ({sum(1 for o in self.outages if o['isolated'])} isolated a host, "
             f"{sum(1 for o in self.outages if o['open'])} still open), {self.port_downs} port "
             f"downs, {self.suppressions} suppressions",
             f"  {'':34} {'with linkguard':>16} {'without':>12}",
         ]
+        if self.clamped:
+            asked = (
+                f"{'-' if self.requested_since is None else iso(self.requested_since)} .. "
+                f"{'-' if self.requested_until is None else iso(self.requested_until)}"
+            )
+            lines.insert(2, f"    (asked {asked}: clamped to what the ledger recorded)")
         rows = [
             ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
             (
@@ -288,12 +322,19 @@ class LedgerReport:
 
     def csv_rows(self) -> list[tuple[object, ...]]:
         """The report as a long table: :data:`CSV_HEADER`, then one ``(section, item, metric,
-        value)`` row per number (sections ``summary``, ``with_linkguard``,
-        ``without_linkguard``, ``link`` (item ``host:hca/port``), ``rail``, ``leaf``)."""
+        value)`` row per number of :meth:`text` (sections ``summary``, ``time_to_reroute_ms``,
+        ``outage_counts`` (item: an outage kind, or empty for all), ``with_linkguard``,
+        ``without_linkguard``, ``link`` (item ``host:hca/port``), ``rail``, ``leaf``); the
+        per-outage list and the model are in :meth:`to_dict` only. None is an empty value."""
         rows: list[tuple[object, ...]] = [CSV_HEADER]
+        ref = meta_reference()
         summary = {
             "since": self.since,
             "until": self.until,
+            "requested_since": self.requested_since,
+            "requested_until": self.requested_until,
+            "clamped": self.clamped,
+            "live": self.live,
             "duration_s": self.duration_s,
             "gpus": self.gpus,
             "gpu_days": self.gpu_days,
@@ -303,13 +344,20 @@ class LedgerReport:
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "dollars_saved": self.dollars_saved,
             "reroutes": self.reroutes,
+            "solves": self.solves,
             "needless_reroutes": self.needless_reroutes,
             "unconfirmed_reroutes": self.unconfirmed_reroutes,
             "port_downs": self.port_downs,
             "suppressions": self.suppressions,
-            "meta_per_1000_gpu_days": meta_reference()["per_1000_gpu_days"],
+            "meta_per_1000_gpu_days": ref["per_1000_gpu_days"],
+            "meta_gpu_days_per_interruption": ref["gpu_days_per_interruption"],
+            "meta_link_caused_per_1000_gpu_days": ref["link_caused_per_1000_gpu_days"],
         }
         rows += [("summary", "", k, v) for k, v in summary.items()]
+        rows += [("time_to_reroute_ms", "", k, v) for k, v in self.time_to_reroute_ms.items()]
+        counts = self.outage_counts()
+        rows += [("outage_counts", "", k, counts[k]) for k in ("outages", "open", "isolated")]
+        rows += [("outage_counts", k, "outages", n) for k, n in counts["by_kind"].items()]
         for name, cost in (
             ("with_linkguard", self.with_linkguard),
             ("without_linkguard", self.without_linkguard),
@@ -331,6 +379,118 @@ def _show(v: object) -> str:
     return "-" if v is None else str(v)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """A ``runs`` row, checked (:func:`_read_runs`); ``end``: its window end, or ``now`` for a
+    service run still recording (``live``)."""
+
+    id: int
+    source: str
+    fabric: str
+    hosts: int
+    gpus: int
+    rails: int
+    start: float
+    end: float
+    duration_s: float | None
+    closed: bool
+    live: bool
+    model: FailureModel
+    stats: dict[str, Any]
+
+
+#: A service run not closed whose window end is older than this (s) stopped without closing
+#: (killed): its end is its last write, not now. A running service writes every 30 s.
+LIVE_WITHIN_S = 3 * HEARTBEAT_S
+
+#: The most rails a run may name (a sanity bound: the per-rail table has one row each).
+MAX_RAILS = 1024
+
+
+def _read_runs(conn: sqlite3.Connection, path: str, now: float) -> list[_Run]:
+    """The ``runs`` rows as :class:`_Run`; raises :class:`LedgerError` naming the row and
+    field of a value no run can have (a corrupted or hand-edited ledger)."""
+    return [
+        _read_run(_Row(r, path), now)
+        for r in conn.execute("SELECT * FROM runs ORDER BY window_start, id")
+    ]
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One ``runs`` row and checked reads of its fields."""
+
+    row: sqlite3.Row
+    path: str
+
+    def bad(self, name: str, expected: str, *given: object) -> LedgerError:
+        """The error for field ``name`` (its value: ``given`` if any, else the column's)."""
+        value = given[0] if given else self.row[name]
+        return LedgerError(
+            f"ledger {self.path}: runs row id={self.row['id']!r}: {name} is {value!r}, "
+            f"expected {expected}"
+        )
+
+    def integer(self, name: str, lo: int, hi: int | None = None) -> int:
+        v = self.row[name]
+        if not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            raise self.bad(name, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
+        return v
+
+    def seconds(self, name: str) -> float:
+        v = self.row[name]
+        if not (isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= MAX_TIME):
+            raise self.bad(name, f"Unix seconds between 0 and {MAX_TIME:.0f}")
+        return float(v)
+
+    def json_object(self, name: str) -> dict[str, Any]:
+        try:
+            v = json.loads(self.row[name])
+        except (TypeError, ValueError):
+            v = None
+        if not isinstance(v, dict):
+            raise self.bad(name, "a JSON object")
+        return v
+
+
+def _read_run(r: _Row, now: float) -> _Run:
+    row = r.row
+    if row["source"] not in ("service", "simulation"):
+        raise r.bad("source", "'service' or 'simulation'")
+    if not isinstance(row["fabric"], str):
+        raise r.bad("fabric", "a name")
+    start, end = r.seconds("window_start"), r.seconds("window_end")
+    if end < start:
+        raise r.bad("window_end", f"not before window_start {start!r}")
+    duration = row["duration_s"]
+    if duration is not None and not (
+        isinstance(duration, int | float) and math.isfinite(duration) and duration > 0
+    ):
+        raise r.bad("duration_s", "NULL or a number of seconds > 0")
+    closed = r.integer("closed", 0, 1) == 1
+    stats = r.json_object("stats")
+    for key in ("reroutes", "solves", "initial_epoch"):
+        if key in stats and (not isinstance(stats[key], int) or stats[key] < 0):
+            raise r.bad(f"stats.{key}", "an integer >= 0", stats[key])
+    r.json_object("model")
+    live = row["source"] == "service" and not closed and now - end <= LIVE_WITHIN_S
+    return _Run(
+        id=r.integer("id", 0),
+        source=row["source"],
+        fabric=row["fabric"],
+        hosts=r.integer("hosts", 0),
+        gpus=r.integer("gpus", 1),
+        rails=r.integer("rails", 0, MAX_RAILS),
+        start=start,
+        end=max(end, now) if live else end,
+        duration_s=None if duration is None else float(duration),
+        closed=closed,
+        live=live,
+        model=model_from_json(row["model"]),
+        stats=stats,
+    )
+
+
 def build_report(
     conn: sqlite3.Connection,
     *,
@@ -338,38 +498,88 @@ def build_report(
     price_per_gpu_hour: float = 2.0,
     since: float | None = None,
     until: float | None = None,
+    now: float | None = None,
 ) -> LedgerReport:
     """The report of the ledger open on ``conn`` (rows as :class:`sqlite3.Row`) over
-    ``[since, until)``; see :meth:`linkguard.ledger.Ledger.report` for the errors."""
+    ``[since, until)`` clamped to the coverage of the runs that overlap it (from the first
+    one's start to the last one's end; a service run still recording ends at ``now``, default
+    the clock); see :meth:`linkguard.ledger.Ledger.report` for the errors."""
     if not (isinstance(price_per_gpu_hour, int | float) and math.isfinite(price_per_gpu_hour)):
         raise ValueError(f"price_per_gpu_hour must be a finite number, got {price_per_gpu_hour!r}")
     if price_per_gpu_hour < 0:
         raise ValueError(f"price_per_gpu_hour must be >= 0, got {price_per_gpu_hour}")
     for name, v in (("since", since), ("until", until)):
-        if v is not None and not math.isfinite(v):
-            raise ValueError(f"{name} must be finite, got {v}")
+        if v is not None and not (
+            isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= MAX_TIME
+        ):
+            raise ValueError(
+                f"{name} must be Unix seconds between 0 and {MAX_TIME:.0f} (1970-01-01 .. "
+                f"9999-12-31), got {v!r}"
+            )
     if since is not None and until is not None and since >= until:
         raise ValueError(f"since ({iso(since)}) must be before until ({iso(until)})")
-    runs = conn.execute("SELECT * FROM runs ORDER BY window_start, id").fetchall()
+    now = time.time() if now is None else now
+    runs = _read_runs(conn, path, now)
     if not runs:
         raise NoRunError(f"ledger {path} has no runs: nothing was recorded in it yet")
-    start = since if since is not None else min(r["window_start"] for r in runs)
-    end = until if until is not None else max(r["window_end"] for r in runs)
-    if end < start:
-        raise ValueError(
-            f"nothing to report: the ledger ends at {iso(end)}, before since {iso(start)}"
-        )
-    window = [r for r in runs if r["window_start"] <= end and r["window_end"] >= start]
+    lo = -math.inf if since is None else since
+    hi = math.inf if until is None else until
+    window = [r for r in runs if r.start < hi and r.end > lo]
     if not window:
-        raise NoRunError(f"ledger {path}: no run overlaps {iso(start)} .. {iso(end)}")
-    latest = max(window, key=lambda r: (r["window_end"], r["id"]))
-    model = model_from_json(latest["model"])
+        asked = (
+            f"{'the start' if since is None else iso(since)} .. "
+            f"{'the end' if until is None else iso(until)}"
+        )
+        raise NoRunError(
+            f"nothing to report: no run in ledger {path} overlaps {asked}; it recorded "
+            f"{iso(min(r.start for r in runs))} .. {iso(max(r.end for r in runs))}"
+        )
+    covered = (min(r.start for r in window), max(r.end for r in window))
+    start = covered[0] if since is None else max(since, covered[0])
+    end = covered[1] if until is None else min(until, covered[1])
+    latest = max(window, key=lambda r: (r.end, r.id))
+    try:
+        return _build(
+            conn,
+            path=path,
+            price_per_gpu_hour=price_per_gpu_hour,
+            window=window,
+            latest=latest,
+            start=start,
+            end=end,
+            # rows at the window's very end belong to it unless an explicit until cuts it
+            before_end="at < ?" if until is not None and until <= covered[1] else "at <= ?",
+            requested=(since, until),
+        )
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as exc:
+        raise LedgerError(
+            f"ledger {path}: unreadable contents ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _build(
+    conn: sqlite3.Connection,
+    *,
+    path: str,
+    price_per_gpu_hour: float,
+    window: list[_Run],
+    latest: _Run,
+    start: float,
+    end: float,
+    before_end: str,
+    requested: tuple[float | None, float | None],
+) -> LedgerReport:
+    """The report over the checked window (:func:`build_report`)."""
+    model = latest.model
+    one = window[0]
     whole = (
-        since is None and until is None and len(window) == 1 and window[0]["duration_s"] is not None
+        len(window) == 1
+        and one.closed
+        and one.duration_s is not None
+        and (start, end) == (one.start, one.end)
     )
-    duration = float(window[0]["duration_s"]) if whole else round(end - start, 6)
-    # rows at the window's very end belong to it unless an explicit until excludes them
-    before_end = "at < ?" if until is not None else "at <= ?"
+    duration = one.duration_s if whole else round(end - start, 6)
+    assert duration is not None
 
     rows = conn.execute(
         f"SELECT * FROM outages WHERE at >= ? AND {before_end} ORDER BY at, id", (start, end)
@@ -412,24 +622,34 @@ def build_report(
                 "cause": r["cause"],
             }
         )
-    gpus = int(latest["gpus"])
+    gpus = latest.gpus
     if duration > 0:
         kw = {"gpus": gpus, "duration_s": duration}
         with_lg, without_lg = cost_with(found, model, **kw), cost_without(found, model, **kw)
     else:
         with_lg, without_lg = _zero_cost(), _zero_cost()
 
-    plans = conn.execute(
-        f"SELECT count(*) FROM plans WHERE at >= ? AND {before_end}", (start, end)
-    ).fetchone()[0]
-    reroutes = solves = int(plans)  # the service emits a plans change per solve that re-plans
+    in_window = f"at >= ? AND {before_end}"
+    query = f"SELECT count(*) FROM plans WHERE {in_window}"
+    plans = conn.execute(query, (start, end)).fetchone()[0]
+    # the service emits a plans change per solve that re-plans; like the simulator, leave out
+    # each service run's initial build (its first plans change, stats.initial_epoch)
     for r in window:
-        if r["source"] == "simulation":
-            stats = json.loads(r["stats"] or "{}")
-            reroutes += int(stats.get("reroutes", 0))
-            solves += int(stats.get("solves", 0))
+        if r.source == "service" and "initial_epoch" in r.stats:
+            plans -= conn.execute(
+                f"SELECT count(*) FROM plans WHERE run_id = ? AND epoch = ? AND {in_window}",
+                (r.id, r.stats["initial_epoch"], start, end),
+            ).fetchone()[0]
+    reroutes = solves = int(plans)
+    for r in window:
+        if r.source == "simulation":
+            reroutes += r.stats.get("reroutes", 0)
+            solves += r.stats.get("solves", 0)
     done = [o.reroute_ms for o in found if o.reroute_ms is not None]
-    needless = sum(1 for o in found if o.reroute_ms is not None and o.down_s < model.ride_out_s)
+    # an outage still open has no length yet: never needless
+    needless = sum(
+        1 for o in found if o.reroute_ms is not None and not o.open and o.down_s < model.ride_out_s
+    )
     suppressions = conn.execute(
         f"SELECT count(*) FROM suppressions WHERE suppressed = 1 AND at >= ? AND {before_end}",
         (start, end),
@@ -449,8 +669,8 @@ def build_report(
             if p["leaf"] is not None:
                 leaf = leaves.setdefault(p["leaf"], _blank(rail=p["rail"], su=p["su"]))
                 leaf["outage_ids"].add(p["outage_id"])
-    for r in range(int(latest["rails"])):
-        rails.setdefault(r, _blank())
+    for rail in range(latest.rails):
+        rails.setdefault(rail, _blank())
     worst = sorted(
         (x for x in links.values() if x["flaps"] > 0),
         key=lambda x: (-x["flaps"], -x["down_s"], x["host"], x["hca"], x["port"]),
@@ -483,11 +703,11 @@ def build_report(
         since=start,
         until=end,
         duration_s=duration,
-        sources=sorted({r["source"] for r in window}),
+        sources=sorted({r.source for r in window}),
         runs=len(window),
-        fabric=latest["fabric"],
-        hosts=int(latest["hosts"]),
-        rails=int(latest["rails"]),
+        fabric=latest.fabric,
+        hosts=latest.hosts,
+        rails=latest.rails,
         gpus=gpus,
         model=model,
         outages=listed,
@@ -504,6 +724,9 @@ def build_report(
         worst_links=[x | {"down_s": round(x["down_s"], 6)} for x in worst],
         per_rail=per_rail,
         per_leaf=per_leaf,
+        requested_since=requested[0],
+        requested_until=requested[1],
+        live=any(r.live and r.end == end for r in window),
     )
 
 

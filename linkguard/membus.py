@@ -330,13 +330,14 @@ class MemoryBus:
         will: Will | None = None,
         username: str | None = None,
         password: str | None = None,
+        tls: object = None,
         keepalive_s: int = 15,
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
         timeout_s: float = 10.0,
     ) -> None:
-        # nothing to reach, authenticate or time out
-        del host, port, username, password, keepalive_s, timeout_s
+        # nothing to reach, encrypt, authenticate or time out
+        del host, port, username, password, tls, keepalive_s, timeout_s
         self._broker = broker
         self._where = "memory"
         self._client_id = client_id

@@ -302,7 +302,8 @@ class AgentMetrics:
             _counter(
                 "linkguard_messages_dropped",
                 "Bus messages dropped, by reason (not_json, invalid, oversized, wrong_host, "
-                "stale_epoch, unexpected_topic, out_of_scope)",
+                "stale_epoch, unexpected_topic, out_of_scope; signed plans: unsigned, "
+                "unknown_key, bad_signature, bad_envelope)",
                 dict(stats.messages_dropped),
             ),
             _counter(
@@ -624,7 +625,7 @@ class ServiceMetrics:
             _counter(
                 "linkguard_messages_dropped",
                 "Bus messages dropped, by reason (not_json, invalid, oversized, wrong_host, "
-                "wrong_port, ...)",
+                "wrong_port, ...; signed plans: foreign, unsigned, unknown_key, bad_signature)",
                 dict(svc.dropped),
             ),
             audit,

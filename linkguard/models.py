@@ -69,7 +69,11 @@ Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    # allow_inf_nan=False: JSON has no NaN/Infinity (RFC 8259); pydantic would accept them (and
+    # 1e999 as inf), and encode() writes them as null, which no longer decodes
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False
+    )
 
 
 class PortStateName(StrEnum):

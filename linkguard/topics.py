@@ -174,6 +174,8 @@ def parse(topic: str) -> ParsedTopic | None:
     rest = parts[4:]
     if rest in (["inventory"], ["status"], ["events"], ["ack"]):
         return ParsedTopic(rest[0], host)
-    if len(rest) == 3 and rest[0] == "ports" and rest[2].isdigit():
+    # at most 10 digits: int() refuses a text of more than 4,300 (ValueError), and any MQTT
+    # client can publish such a topic
+    if len(rest) == 3 and rest[0] == "ports" and rest[2].isdigit() and len(rest[2]) <= 10:
         return ParsedTopic("port", host, rest[1], int(rest[2]))
     return None

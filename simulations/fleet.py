@@ -82,12 +82,15 @@ class SimulatedFleet:
         settle_s: float = 0.2,
         bus_factory: Callable[..., Bus] = Bus,
         api: ApiSettings | None = None,
+        signing_key: Path | None = None,
+        service_public_key: Path | None = None,
     ) -> None:
         """``bus_factory``: the bus session of the service and every agent (default the real
         MQTT :class:`~linkguard.bus.Bus`; simulations beyond a few hundred agents pass an
         in-memory one with the same semantics). ``api``: the service's HTTP API (None: not
         served; ``ApiSettings(port=0)`` serves it on a free loopback port,
-        ``fleet.service.api_port``)."""
+        ``fleet.service.api_port``). ``signing_key``: the service signs its plans with it;
+        ``service_public_key``: every agent verifies them with it (:mod:`linkguard.signing`)."""
         self.fabric = fabric
         self.bus_factory = bus_factory
         damping = damping or DampingPolicy()
@@ -97,6 +100,7 @@ class SimulatedFleet:
                 debounce_ms=debounce_ms,
                 startup_settle_s=settle_s,
                 api=api or ApiSettings(enabled=False),
+                signing_key=signing_key,
             ),
             fabric=fabric,
             bus_factory=bus_factory,
@@ -109,8 +113,11 @@ class SimulatedFleet:
                 [active_port(h.hca, h.port, link_layer=h.link_layer) for h in inv.hcas]
             )
             self.tables[inv.host] = MemoryRouteTable()
+            settings = agent_settings_for(
+                fabric, inv.host, bus=bus, workdir=workdir, damping=damping
+            ).model_copy(update={"service_public_key": service_public_key})
             self.agents[inv.host] = Agent(
-                agent_settings_for(fabric, inv.host, bus=bus, workdir=workdir, damping=damping),
+                settings,
                 source=self.sources[inv.host],
                 table=self.tables[inv.host],
                 discovered=[],

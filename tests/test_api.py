@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -240,6 +241,9 @@ async def test_events_from_the_change_feed(live: Live) -> None:
         )
     ).json()
     assert one["total"] == page["total"] and one["events"] == page["events"][1:2]
+    # a host the fabric does not list: 404, as for /ports and /hosts
+    r = await live.get("/api/v1/events", params={"host": "nohost"})
+    assert r.status_code == 404 and "nohost" in r.json()["detail"]
 
 
 async def test_audit_health_and_report(live: Live) -> None:
@@ -272,6 +276,9 @@ async def test_put_faults_needs_the_token(live: Live) -> None:
         assert (r.status_code, r.json()) == (401, {"detail": "wrong token"})
         r = await c.put("/api/v1/faults", json=body, headers={"Authorization": f"Basic {TOKEN}"})
         assert r.status_code == 401
+        # the token before the body: a malformed body tells a stranger nothing
+        r = await c.put("/api/v1/faults", content=b"{oops", headers={"Authorization": "Bearer x"})
+        assert (r.status_code, r.json()) == (401, {"detail": "wrong token"})
         auth = {"Authorization": f"Bearer {TOKEN}"}
         for bad in (
             {"switches_down": "su1-leaf2", "at": 1.0},  # not a list
@@ -330,10 +337,13 @@ BAD = [
     ("/api/v1/events?rail=99", 422, "rail"),
     ("/api/v1/events?kind=DROP%20TABLE", 422, "kind"),
     ("/api/v1/events?limit=1001", 422, "limit"),
-    ("/api/v1/events?since=2000&until=1000", 422, None),
+    ("/api/v1/events?since=2000000000&until=1000000000", 422, None),
     ("/api/v1/report?price_per_gpu_hour=-1", 422, "price_per_gpu_hour"),
     ("/api/v1/report?price_per_gpu_hour=nan", 422, "price_per_gpu_hour"),
     ("/api/v1/report?since=yesterday", 422, "since"),
+    ("/api/v1/report?since=1e20", 422, "since"),
+    ("/api/v1/report?until=1e15", 422, "until"),
+    ("/api/v1/report?until=20231120", 422, "until"),
     ("/api/v1/nothing", 404, None),
 ]
 
@@ -680,10 +690,38 @@ async def test_events_and_report_from_the_ledger(tmp_path: Path) -> None:
             )
             assert doc["port_downs"] == direct["port_downs"]
             assert doc["schema"] == direct["schema"] and doc["runs"] == 1
-            old = await c.get("/api/v1/report", params={"since": 1, "until": 2})
+            old = await c.get("/api/v1/report", params={"since": 1.0, "until": 2.0})
             assert old.status_code == 404 and "no run" in old.json()["detail"]
             same = await c.get("/api/v1/report", params={"since": t0, "until": t0})
             assert same.status_code == 422
+            # times past year 9999 or ambiguous: 422 naming the parameter, never a 500
+            for params in ({"since": "1e20"}, {"until": 1e15}, {"since": "20231120"}):
+                far = await c.get("/api/v1/report", params=params)
+                assert far.status_code == 422, far.text
+                assert [d["loc"] for d in far.json()["detail"]] == [["query", *params]]
+            # the window is clamped to the run, which is still recording: it ends now
+            wide = await c.get("/api/v1/report", params={"since": 0.0, "until": "2100-01-01"})
+            window = wide.json()["window"]
+            assert window["clamped"] and window["live"] and window["since"] > t0 - 60
+            assert window["until"] == pytest.approx(time.time(), abs=5)
+            assert window["requested"] == {"since": 0.0, "until": 4_102_444_800.0}
+            # corrupted runs: 503 naming the row and field
+            path = settings.ledger.path
+            assert path is not None
+            conn = sqlite3.connect(path)
+            conn.execute("UPDATE runs SET gpus = 0")
+            conn.commit()
+            bad = await c.get("/api/v1/report")
+            assert bad.status_code == 503 and "gpus is 0" in bad.json()["detail"], bad.text
+            conn.execute("UPDATE runs SET gpus = 32")
+            conn.commit()
+            conn.close()
+            # deleted under the service: 503, and no file appears at the path
+            for f in tmp_path.glob("ledger.sqlite3*"):
+                f.unlink()
+            gone = await c.get("/api/v1/report")
+            assert gone.status_code == 503 and "deleted or moved" in gone.json()["detail"]
+            assert not path.exists()
         assert server.app.state.internal_errors == 0
     finally:
         await server.shutdown(task)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from linkguard.config import ApiSettings, BusSettings, LedgerSettings, ServiceSettings
-from linkguard.ledger import Ledger, LedgerError, parse_time, port_places
+from linkguard.ledger import MAX_TIME, Ledger, LedgerError, iso, parse_time, port_places
 from linkguard.models import Ack, AckResult, DampingStatus, HostStatus, PortEvent, PortState
 from linkguard.topology.audit import Finding, format_json
 from linkguard.topology.changes import ChangeFeed
@@ -175,6 +175,72 @@ def test_bad_files_give_a_clear_error(tmp_path: Path) -> None:
     assert junk.read_bytes().startswith(b"this is not SQLite")  # left untouched
 
 
+def test_read_only_creates_and_changes_nothing(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.sqlite3"
+    empty.write_bytes(b"")
+    with pytest.raises(LedgerError, match="not a linkguard ledger"):
+        Ledger(empty, read_only=True)
+    assert empty.stat().st_size == 0  # was turned into a 4 KiB SQLite file
+    with pytest.raises(LedgerError, match="no ledger at"):
+        Ledger(tmp_path / "absent.sqlite3", read_only=True)
+    with pytest.raises(ValueError, match="read-only ledger cannot purge"):
+        Ledger(empty, read_only=True, retention_days=1)
+    path = tmp_path / "l.sqlite3"
+    with Ledger(path) as led:
+        led.start_run(FABRIC, window_start=T0)
+    before = sorted(p.name for p in tmp_path.iterdir()), path.read_bytes()
+    with Ledger(path, read_only=True) as ro:
+        assert ro.schema_version == 1 and ro.count("runs") == 1
+        with pytest.raises(LedgerError, match="open read-only"):
+            ro.start_run(FABRIC)
+    assert (sorted(p.name for p in tmp_path.iterdir()), path.read_bytes()) == before
+
+
+def test_a_ledger_deleted_under_its_writer(tmp_path: Path) -> None:
+    """Queries answer a clear error and create nothing at the path; the writer logs
+    ledger_file_replaced once (at its next 30 s check)."""
+    from structlog.testing import capture_logs
+
+    path = tmp_path / "l.sqlite3"
+    with Ledger(path) as led:
+        led.start_run(FABRIC, window_start=T0)
+        led.write([], now=T0 + 1)
+        for f in tmp_path.iterdir():  # rm l.sqlite3*
+            f.unlink()
+        with pytest.raises(LedgerError, match=r"no ledger at .*\(deleted or moved since"):
+            led.report()
+        with pytest.raises(LedgerError, match="deleted or moved"):
+            led.events()
+        assert list(tmp_path.iterdir()) == []  # no 0-byte file at the path
+        with capture_logs() as logs:
+            led.write([], now=T0 + 2)  # not due yet
+            assert logs == []
+            for at in (T0 + 32, T0 + 70):
+                led.write([], now=at)
+        assert [e["event"] for e in logs] == ["ledger_file_replaced"]
+        assert logs[0]["log_level"] == "error" and logs[0]["path"] == str(path)
+
+
+def test_purge_leaves_a_recording_run_without_duration(tmp_path: Path) -> None:
+    """A run still recording has no duration; the purge moving its start must not give it
+    one (close() would keep that stale value)."""
+    path = tmp_path / "l.sqlite3"
+    now = time.time()
+    with Ledger(path, retention_days=1) as led:
+        led.start_run(FABRIC, window_start=now - 3 * 86400)
+        led.purge(now=now)
+        conn = sqlite3.connect(path)
+        start, duration = conn.execute("SELECT window_start, duration_s FROM runs").fetchone()
+        conn.close()
+        assert start == pytest.approx(now - 86400) and duration is None
+    conn = sqlite3.connect(path)
+    start, end, duration = conn.execute(
+        "SELECT window_start, window_end, duration_s FROM runs"
+    ).fetchone()
+    conn.close()
+    assert duration == pytest.approx(end - start) and end >= now
+
+
 def test_retention_deletes_old_rows_on_open(tmp_path: Path) -> None:
     path = tmp_path / "l.sqlite3"
     now = time.time()
@@ -291,9 +357,33 @@ def test_parse_time() -> None:
     assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000.0
     assert parse_time("2023-11-14T23:13:20+01:00") == 1_700_000_000.0
     assert parse_time("2023-11-14 22:13:20") == 1_700_000_000.0  # no zone: UTC
-    for bad in ("yesterday", "", "nan", "-5", "2023-13-01"):
+    for bad in ("yesterday", "", "nan", "-5", "2023-13-01", "10000-01-01"):
         with pytest.raises(ValueError, match="not a time"):
             parse_time(bad)
+    # 1970 .. 9999 only: iso() and the report can show every accepted time
+    assert parse_time("9999-12-31T23:59:59Z") == MAX_TIME == 253_402_300_799
+    assert iso(MAX_TIME) == "9999-12-31T23:59:59Z"
+    for bad in ("1e20", "1e15", 1e20, "0001-01-01", "9999-12-31T23:00:00-05:00"):
+        with pytest.raises(ValueError, match=r"not a time: .* \(must be between 1970-01-01"):
+            parse_time(bad)
+    # a bare number of fewer than 9 digits may be a date: refused, saying how to write one
+    for bad in ("20231120", "0", "12345678"):
+        with pytest.raises(ValueError, match=r"is ambiguous.*2023-11-20.*at least 9 digits"):
+            parse_time(bad)
+    assert parse_time("0.0") == parse_time(0) == 0.0
+    assert parse_time("123456789") == 123_456_789.0 and parse_time("2e9") == 2e9
+    for t in (1e20, -1.0, float("nan"), float("inf")):  # never raises
+        assert isinstance(iso(t), str)
+    assert iso(1e20) == "1e+20 s"
+
+
+def test_an_empty_ledger_path_means_no_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINKGUARD_LEDGER__PATH", "")
+    settings = ServiceSettings(api=ApiSettings(enabled=False))
+    assert settings.ledger.path is None
+    assert TopologyService(settings, fabric=FABRIC).ledger is None
+    assert LedgerSettings(path="  ").path is None
+    assert LedgerSettings(path="/var/lib/l.sqlite3").path == Path("/var/lib/l.sqlite3")
 
 
 def test_port_places_follow_the_fabric() -> None:
@@ -422,6 +512,11 @@ async def test_service_records_a_link_down_and_up(tmp_path: Path, bus_env) -> No
     async with fleet:
         await fleet.wait_all_acked()
         epoch0 = fleet.service.state.epoch
+        assert led.flush()
+        # the initial plan build is not a reroute, and a running service's window ends now
+        start = led.report()
+        assert (start.reroutes, start.outages, start.live) == (0, [], True)
+        assert start.until == pytest.approx(time.time(), abs=5)
         fleet.link_down("gpu002", 1)
         await fleet.wait_all_acked(epoch0 + 1)
 

@@ -9,13 +9,14 @@ import csv
 import io
 import json
 import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from linkguard.cli import main
-from linkguard.ledger import Ledger
+from linkguard.ledger import Ledger, LedgerError
 from linkguard.simulations.engine import WALL0
 from linkguard.simulations.failures import FailureModel
 from linkguard.simulations.fleetreport import simulate
@@ -123,12 +124,28 @@ def test_text_and_csv_outputs_parse(sim_run) -> None:
     assert float(value[("summary", "", "gpu_days")]) == 256 * 8 * 30
     assert {r["section"] for r in rows} == {
         "summary",
+        "time_to_reroute_ms",
+        "outage_counts",
         "with_linkguard",
         "without_linkguard",
         "link",
         "rail",
         "leaf",
     }
+    # the CSV carries the numbers the text and JSON show, time to reroute and counts included
+    doc = json.loads(report(ledger, "--format", "json", out=d / "r.json"))
+    for metric in ("count", "p50", "p90", "p99", "max"):
+        assert float(value[("time_to_reroute_ms", "", metric)]) == pytest.approx(
+            doc["time_to_reroute_ms"][metric]
+        ), metric
+    assert int(value[("summary", "", "solves")]) == doc["solves"] == sim["solves"]
+    counts = doc["outage_counts"]
+    for metric in ("outages", "open", "isolated"):
+        assert int(value[("outage_counts", "", metric)]) == counts[metric]
+    for kind, n in counts["by_kind"].items():
+        assert int(value[("outage_counts", kind, "outages")]) == n
+    assert value[("summary", "", "clamped")] == "False"
+    assert value[("summary", "", "requested_since")] == ""
 
 
 def test_a_window_reports_only_what_is_in_it(sim_run) -> None:
@@ -244,3 +261,176 @@ def test_live_ledger_report_charges_unconfirmed_reroutes_as_without(tmp_path: Pa
         assert len(part.outages) == 1 and part.outages[0]["open"] is False
         with pytest.raises(ValueError, match="price_per_gpu_hour"):
             led.report(price_per_gpu_hour=float("nan"))
+
+
+# -- times, windows, files and contents a new user tried ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--since", "1e20"], "argument --since: not a time: '1e20' (must be between 1970-01-01"),
+        (["--until", "1e15"], "argument --until: not a time: '1e15' (must be between"),
+        (["--since", "10000-01-01"], "argument --since: not a time"),
+        (["--until", "9999-12-31T23:00:00-05:00"], "argument --until: not a time"),
+        (["--since", "20231120"], "argument --since: not a time: '20231120' is ambiguous"),
+        (["--since", "0"], "is ambiguous"),
+    ],
+)
+def test_times_out_of_range_or_ambiguous_exit_2_naming_the_option(
+    sim_run, args: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger, _, _ = sim_run
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--ledger", str(ledger), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and msg in err and "Traceback" not in err
+    if "ambiguous" in msg:  # says how to write a date instead
+        assert "2023-11-20" in err and "at least 9 digits or a decimal point" in err
+
+
+def test_the_window_is_clamped_to_what_the_ledger_recorded(sim_run) -> None:
+    """Years nobody recorded do not dilute the rates: --since 0.0 / --until 2030 report the
+    recorded 30 days, and the report says what was asked and used."""
+    ledger, sim, d = sim_run
+    plain = json.loads(report(ledger, "--format", "json", out=d / "p.json"))
+    wide = json.loads(
+        report(
+            ledger,
+            "--format",
+            "json",
+            "--since",
+            "0.0",
+            "--until",
+            "2030-01-01",
+            out=d / "w.json",
+        )
+    )
+    assert wide["window"]["since"] == WALL0 == plain["window"]["since"]
+    assert wide["window"]["until"] == WALL0 + sim["duration_s"] == plain["window"]["until"]
+    assert wide["window"]["duration_s"] == sim["duration_s"]
+    assert wide["window"]["requested"] == {"since": 0.0, "until": 1_893_456_000.0}
+    assert wide["window"]["clamped"] is True and plain["window"]["clamped"] is False
+    assert wide["window"]["live"] is False
+    for key in ("with_linkguard", "without_linkguard"):
+        assert wide[key] == plain[key] == sim[key]  # per 1,000 GPU-days and goodput alike
+    text = report(ledger, "--until", "2030-01-01", out=d / "w.txt")
+    assert "(asked - .. 2030-01-01T00:00:00Z: clamped to what the ledger recorded)" in text
+    assert "30.00 days" in text
+
+
+def test_a_window_before_the_ledger_names_the_asked_until(
+    sim_run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger, _, _ = sim_run
+    assert main(["report", "--ledger", str(ledger), "--until", "1970-01-01"]) == 2
+    err = capsys.readouterr().err
+    assert "no run in ledger" in err and "overlaps the start .. 1970-01-01T00:00:00Z" in err
+    assert "it recorded 2023-11-14T22:13:20Z .. 2023-12-14T22:13:20Z" in err
+    assert "the ledger ends at" not in err
+
+
+def _listing(d: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns, f.read_bytes()) for f in d.iterdir()}
+
+
+def test_the_report_creates_and_changes_no_file(
+    tmp_path: Path, sim_run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger, _, _ = sim_run
+    d = tmp_path / "ledgers"
+    d.mkdir()
+    (d / "fleet.sqlite3").write_bytes(ledger.read_bytes())
+    (d / "empty.sqlite3").write_bytes(b"")
+    before = _listing(d)
+    assert main(["report", "--ledger", str(d / "fleet.sqlite3"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outages"]
+    assert main(["report", "--ledger", str(d / "empty.sqlite3")]) == 2
+    assert "empty.sqlite3 is not a linkguard ledger (an empty database)" in capsys.readouterr().err
+    assert main(["report", "--ledger", str(d / "gone.sqlite3")]) == 2
+    assert "no ledger at" in capsys.readouterr().err
+    assert _listing(d) == before  # same files, sizes, times and bytes: no -wal/-shm either
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "msg"),
+    [
+        ("runs", "stats", "[1]", "runs row id=1: stats is '[1]', expected a JSON object"),
+        ("runs", "gpus", 0, "runs row id=1: gpus is 0, expected an integer >= 1"),
+        ("runs", "duration_s", 0, "runs row id=1: duration_s is 0.0, expected NULL or a number"),
+        ("runs", "window_start", "soon", "runs row id=1: window_start is 'soon', expected Unix"),
+        ("runs", "window_end", 1e20, "runs row id=1: window_end is 1e+20, expected Unix"),
+        ("runs", "rails", 10**12, "runs row id=1: rails is 1000000000000, expected an integer"),
+        ("runs", "model", "[1]", "runs row id=1: model is '[1]', expected a JSON object"),
+        ("runs", "stats", '{"reroutes": "x"}', "runs row id=1: stats.reroutes is 'x'"),
+        ("outages", "down_s", "long", "unreadable contents (ValueError"),
+    ],
+)
+def test_corrupted_contents_exit_2_naming_row_and_field(
+    tmp_path: Path,
+    sim_run,
+    table: str,
+    column: str,
+    value: object,
+    msg: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ledger, _, _ = sim_run
+    bad = tmp_path / "bad.sqlite3"
+    bad.write_bytes(ledger.read_bytes())
+    conn = sqlite3.connect(bad)
+    conn.execute(f"UPDATE {table} SET {column} = ?", (value,))
+    conn.commit()
+    conn.close()
+    assert main(["report", "--ledger", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"report: ledger {bad}: " in err and msg in err and "Traceback" not in err
+    with Ledger(bad, read_only=True) as led, pytest.raises(LedgerError, match="ledger"):
+        led.report()
+
+
+def test_a_live_service_run_reports_up_to_now(tmp_path: Path) -> None:
+    """A service run still recording: its window ends now (not at its last write), an outage
+    still open is not a needless reroute, and the initial plan build is not a reroute."""
+    fabric = generate_rail_optimized(hosts=4, rails=2)
+    t0 = time.time() - 3600
+    c = next(c for c in fabric.host("gpu001").hcas if c.rail == 0)
+    where = {"host": "gpu001", "hca": c.hca, "port": c.port, "rail": 0}
+    feed, got = ChangeFeed(), []
+    feed.subscribe(got.append)
+
+    def emit(kind: str, data: dict, at: float) -> None:
+        feed.emit(kind, data, at=at)
+
+    with Ledger(tmp_path / "live.sqlite3") as led:
+        led.start_run(fabric, window_start=t0)
+        for h in fabric.hosts:
+            for x in h.hcas:
+                emit(
+                    "port",
+                    {"host": h.host, "hca": x.hca, "port": x.port, "rail": x.rail, "status": "up"},
+                    t0,
+                )
+        hosts = [h.host for h in fabric.hosts]
+        emit("plans", {"epoch": 1, "hosts": hosts, "peer_routes": hosts}, t0 + 1)  # the start
+        led.write(got, now=t0 + 1)
+        got.clear()
+        rep = led.report(now=t0 + 61)  # the writer's heartbeat comes every 30 s
+        assert (rep.reroutes, rep.solves, len(rep.outages)) == (0, 0, 0)
+        assert rep.until == t0 + 61 and rep.duration_s == pytest.approx(61)  # now, not t0 + 1
+        assert rep.live and "(now: a service run is still recording)" in rep.text()
+        # a link goes down 0.1 s before "now" and is rerouted: still open, so not needless
+        emit("port", {**where, "status": "down"}, t0 + 200)
+        emit("port_event", {**where, "previous": "up", "current": "down", "at": t0 + 200}, t0 + 200)
+        emit("plans", {"epoch": 2, "hosts": ["gpu001"], "peer_routes": []}, t0 + 200.02)
+        emit("ack", {"host": "gpu001", "epoch": 2, "result": "applied"}, t0 + 200.05)
+        led.write(got, now=t0 + 200.05)
+        rep = led.report(now=t0 + 200.1)
+        (o,) = rep.outages
+        assert o["open"] and o["reroute"] == "done" and o["reroute_ms"] == pytest.approx(50)
+        assert o["down_s"] == pytest.approx(0.1) and o["down_s"] < FailureModel().ride_out_s
+        assert rep.needless_reroutes == 0
+        assert (rep.reroutes, rep.solves) == (1, 1)  # epoch 2 only
+        # a run that stopped writing long ago without closing (killed) ends at its last write
+        stale = led.report(now=t0 + 200.05 + 3600)
+        assert not stale.live and stale.until == t0 + 200.05

@@ -1,6 +1,10 @@
 """linkguard.topology: the topology service.
 
-Consumes: a fabric (file or generator), every host's inventory and port states from the bus.
-Produces: epoch-numbered per-host plans (rail and route assignments with precomputed backups).
-The solver (:mod:`linkguard.topology.solver`) is pure: states in, plans out.
+Consumes: a fabric (file or generator), every host's inventory, port states, events and acks
+from the bus, switch-level faults from operators. Produces: epoch-numbered per-host plans and
+shared peer routes (rail and route assignments with precomputed backups), signed when a key is
+configured; a change feed (:mod:`linkguard.topology.changes`) that the ledger
+(:mod:`linkguard.ledger`), the metrics and the HTTP API with its dashboard
+(:mod:`linkguard.topology.api`, ``dashboard/``) consume. The solver
+(:mod:`linkguard.topology.solver`) is pure: states in, plans out; :mod:`.service` wires it all.
 """

@@ -32,7 +32,6 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
@@ -42,11 +41,11 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from linkguard import __version__, topics
 from linkguard.config import ApiSettings, ConfigError
-from linkguard.ledger import LedgerError, NoRunError
+from linkguard.ledger import MAX_TIME, LedgerError, NoRunError, parse_time
 from linkguard.models import AckResult, FabricFaults, PortState, PortStatus, encode
 from linkguard.topology.changes import KINDS, Change
 
@@ -108,49 +107,30 @@ class ApiBindError(ConfigError):
 # -- query parameter types ---------------------------------------------------------------------
 
 
-def _epoch_s(value: object) -> object:
-    """A time given as seconds since the Unix epoch or as ISO 8601 (no zone: UTC) -> s."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            dt = datetime.fromisoformat(text)
-        except ValueError:
-            raise ValueError(
-                f"{value[:64]!r} is neither seconds since the Unix epoch (e.g. 1735689600) nor "
-                "an ISO 8601 time (e.g. 2025-01-01T00:00:00Z)"
-            ) from None
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return dt.timestamp()
-    if not math.isfinite(seconds):
-        raise ValueError(f"{value[:64]!r} is not a finite number of seconds")
-    return seconds
-
-
-#: seconds since the Unix epoch, given as a number or an ISO 8601 time
-EpochS = Annotated[
-    float,
-    BeforeValidator(_epoch_s),
-    Field(ge=0),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date-time"}],
-            "description": "seconds since the Unix epoch, or an ISO 8601 time (no zone: UTC)",
-        }
-    ),
-]
-
 HostQ = Annotated[str | None, Query(max_length=253, description="only this host")]
 RailQ = Annotated[int | None, Query(ge=0, le=63, description="only this rail (0..63)")]
 SuQ = Annotated[int | None, Query(ge=0, le=1_000_000, description="only this scalable unit")]
 LimitQ = Annotated[int, Query(ge=1, le=1000, description="page size (1..1000)")]
 OffsetQ = Annotated[int, Query(ge=0, le=2**31 - 1, description="items to skip")]
-SinceQ = Annotated[EpochS | None, Query(description="from this time on (inclusive)")]
-UntilQ = Annotated[EpochS | None, Query(description="before this time (exclusive)")]
+#: a time in a query (events, the report's window), read as ``linkguard report --since``
+#: reads it
+#: (:func:`linkguard.ledger.parse_time`: 1970 .. 9999, a bare number needs >= 9 digits)
+ReportTime = Annotated[
+    float,
+    BeforeValidator(parse_time),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": MAX_TIME},
+                {"type": "string", "format": "date-time"},
+            ],
+            "description": "ISO 8601 (no zone: UTC) or seconds since the Unix epoch written "
+            "with at least 9 digits or a decimal point; 1970-01-01 .. 9999-12-31",
+        }
+    ),
+]
+SinceQ = Annotated[ReportTime | None, Query(description="from this time on (inclusive)")]
+UntilQ = Annotated[ReportTime | None, Query(description="before this time (exclusive)")]
 
 
 # -- response documents (the OpenAPI schema; handlers return the same shapes as JSON) -----------
@@ -643,6 +623,8 @@ def create_app(service: "TopologyService") -> FastAPI:
         change feed's backlog (this run's last changes)."""
         if since is not None and until is not None and since > until:
             raise HTTPException(422, f"since ({since:g}) is after until ({until:g})")
+        if host is not None and host not in service.state.host_names:
+            raise HTTPException(404, f"host {host!r} is not in fabric {service.fabric.name!r}")
         ledger = getattr(service, "ledger", None)
         if ledger is not None:  # a read connection of its own: off the service's loop
             try:
@@ -698,11 +680,12 @@ def create_app(service: "TopologyService") -> FastAPI:
         price_per_gpu_hour: Annotated[
             float, Query(ge=0, le=1_000_000, description="$ per GPU-hour, for GPU-hours saved")
         ] = 2.0,
-        since: SinceQ = None,
-        until: UntilQ = None,
+        since: Annotated[ReportTime | None, Query(description="window start")] = None,
+        until: Annotated[ReportTime | None, Query(description="window end (exclusive)")] = None,
     ) -> JSONResponse:
-        """The ledger's interruption report (JSON form, ``linkguard report --format json``);
-        503 without a ledger, 404 when no service run overlaps the window."""
+        """The ledger's interruption report (JSON form, ``linkguard report --format json``),
+        its window clamped to what the ledger recorded; 422 for a bad time, 503 without a
+        ledger or with an unreadable one, 404 when no run overlaps the window."""
         ledger = getattr(service, "ledger", None)
         if ledger is None:
             raise HTTPException(503, "no ledger configured")
@@ -804,12 +787,30 @@ def create_app(service: "TopologyService") -> FastAPI:
         },
         dependencies=[Depends(require_token)],
         tags=["faults"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": FabricFaults.model_json_schema()}},
+            }
+        },
     )
-    async def put_faults(faults: FabricFaults) -> dict[str, bool]:
-        """Publish ``faults`` (the complete set of switches and cables down) retained on
-        ``fabric/faults``, as ``linkguard fabric faults`` would: checked against the fabric
-        first (422 naming an unknown switch or cable; nothing published), 503 when the broker
-        is not reachable."""
+    async def put_faults(request: Request) -> dict[str, bool]:
+        """Publish the body, a :class:`~linkguard.models.FabricFaults` (the complete set of
+        switches and cables down), retained on ``fabric/faults``, as ``linkguard fabric
+        faults`` would. The token is checked before the body is read (401/403 say nothing
+        about a body); then a body that does not validate is 422, and it is checked against
+        the fabric (422 naming an unknown switch or cable; nothing published); 503 when the
+        broker is not reachable."""
+        try:
+            faults = FabricFaults.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise HTTPException(
+                422,
+                [
+                    {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                    for e in exc.errors()[:10]
+                ],
+            ) from None
         try:
             await asyncio.to_thread(service.state.assess_faults, faults)
         except ValueError as exc:

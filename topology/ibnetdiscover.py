@@ -105,12 +105,15 @@ NodeKind = Literal["switch", "ca", "router"]
 _KINDS: dict[str, NodeKind] = {"Switch": "switch", "Ca": "ca", "Hca": "ca", "Rt": "router"}
 _PREFIX_KIND: dict[str, NodeKind] = {"S": "switch", "H": "ca", "R": "router"}
 
-_HEADER = re.compile(r'^(?P<type>Switch|Ca|Hca|Rt)\s+(?P<n>\d+)\s+"(?P<name>[^"]*)"(?P<rest>.*)$')
+# numbers: at most 20 digits (int() refuses more than 4,300, with a ValueError)
+_HEADER = re.compile(
+    r'^(?P<type>Switch|Ca|Hca|Rt)\s+(?P<n>\d{1,20})\s+"(?P<name>[^"]*)"(?P<rest>.*)$'
+)
 _PORT = re.compile(
-    r"^\[(?P<port>\d+)\](?:\[ext \d+\])?"
+    r"^\[(?P<port>\d{1,20})\](?:\[ext \d+\])?"
     r"(?:\((?P<pguid>[0-9a-fA-F]{1,16})\))?\s*"
     r'"(?P<rname>[^"]*)"'
-    r"(?:\[(?P<rport>\d+)\](?:\[ext \d+\])?)?"
+    r"(?:\[(?P<rport>\d{1,20})\](?:\[ext \d+\])?)?"
     r"(?:\s*\((?P<rguid>[0-9a-fA-F]{1,16})\))?"
     r"(?P<rest>.*)$"
 )
@@ -129,7 +132,7 @@ _SW_COMMENT = re.compile(r'^#\s*"(?P<desc>.*)"\s+lid\s+\d+\s+(?P<ws>\S+)(?P<tail
 _CA_COMMENT = re.compile(
     r'^#\s*lid\s+\d+\s+lmc\s+\d+\s+"(?P<desc>.*)"\s+lid\s+\d+\s+(?P<ws>\S+)(?P<tail>.*)$'
 )
-_OPTION = re.compile(r"^(?P<k>[ws])=(?P<v>0x[0-9a-fA-F]+|\d+)$")
+_OPTION = re.compile(r"^(?P<k>[ws])=(?P<v>0x[0-9a-fA-F]{1,16}|\d{1,20})$")
 _HEADER_DESC = re.compile(r'^#\s*"(?P<desc>.*)"(?P<tail>.*)$')
 _UNQUOTED_END = re.compile(r"\s(?:enhanced port|base port|lid|lmc)\s")
 
@@ -417,7 +420,8 @@ class _Parser:
             o = _OPTION.match(tok)
             if not o:
                 raise self.fail(no, f"unexpected {tok!r} after the remote port")
-            value = int(o["v"], 0)
+            v = o["v"]
+            value = int(v, 16) if v.startswith("0x") else int(v)  # base 0 refuses "04"
             if o["k"] == "w":
                 wmask = value
             else:
@@ -715,7 +719,7 @@ def _read(path_or_text: str | Path) -> tuple[str, str, str | None]:
     p = Path(path_or_text)
     try:  # undecodable bytes (a node description in another charset) become U+FFFD
         return p.read_bytes().decode("utf-8", errors="replace"), str(p), p.stem or p.name
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise FabricImportError(str(p), None, f"cannot read topology file: {exc}") from exc
 
 

@@ -17,16 +17,26 @@ service ran on another fabric) are deleted from the broker after the startup set
 kept retained on ``service/health``; a refused set is replaced on ``fabric/faults`` by the set
 in effect (:meth:`TopologyService._refuse`). Bad messages are logged with their topic and
 reason, counted, and dropped; they never reach the fabric state.
+
+With ``signing_key`` every plan and peer routes message is published in a signed envelope
+(agents verify it: :mod:`linkguard.signing`), sealed on the worker thread that encodes it.
+Retained plans and peer routes read back at start are verified with the service's own key: one
+that fails (unsigned, another key, tampered) is not taken as what is on the bus, and the first
+solve publishes this service's own in its place. Afterwards any message on those topics that is
+not one this service just published (another client's: forged, replayed, a deletion) is
+answered by publishing its own again (:meth:`TopologyService._check_live`), so the broker does
+not keep handing the other one to agents that connect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -53,6 +63,7 @@ from linkguard.models import (
     encode,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
+from linkguard.signing import SignatureError, Signer, unwrap
 from linkguard.topology.audit import audit, format_json, inventory_problems
 from linkguard.topology.backoff import SolveBackoff
 from linkguard.topology.changes import ChangeFeed
@@ -74,6 +85,15 @@ log = structlog.get_logger(__name__)
 
 #: Plans published concurrently (QoS 1 acknowledgements awaited together).
 PUBLISH_WINDOW = 256
+#: With a signing key, digests of this many last payloads per plan / peer routes topic are
+#: kept to recognise the service's own messages coming back (a few may be in flight at once)...
+SENT_KEPT = 4
+#: ... for this long (s) after they were published; the last one for good. An older payload
+#: of this service's arriving later is a replay.
+ECHO_WINDOW_S = 10.0
+#: A foreign message on a plan or peer routes topic is answered with the service's own at most
+#: this often per topic (s).
+REISSUE_INTERVAL_S = 1.0
 
 _DECODERS = {
     "port": PortState,
@@ -120,6 +140,11 @@ class TopologyService:
         """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
         arguments); simulations pass an in-memory bus."""
         self.settings = settings
+        #: signs plans and peer routes (``signing_key``; None: published unsigned). Raises
+        #: KeyFileError (a ConfigError) for a key file that cannot be used, e.g. mode 0644
+        self.signer: Signer | None = (
+            Signer.from_file(settings.signing_key) if settings.signing_key is not None else None
+        )
         self.fabric = fabric if fabric is not None else fabric_from_settings(settings)
         self.state = FabricState(fabric=self.fabric, epoch_start=int(time.time() * 1000))
         self.dropped: Counter[str] = Counter()
@@ -144,6 +169,16 @@ class TopologyService:
         self.stale_plans: dict[str, int | None] = {}
         #: the same for retained peer routes (``peers/<host>``)
         self.stale_peers: dict[str, int | None] = {}
+        #: those of :attr:`stale_peers` signed by this service's key: emptied (signed) before
+        #: they are deleted, since agents that verify cannot take an unsigned deletion
+        self._stale_peer_routes: dict[str, PeerRoutes] = {}
+        #: with a signing key: digests of the last payloads this service published on each
+        #: plan and peer routes topic, to tell its own coming back from another client's
+        self._sent: dict[str, deque[tuple[bytes, float]]] = {}
+        #: topics whose own message is put back later (:meth:`_foreign`), and when each was
+        #: last put back (monotonic s)
+        self._reissuing: dict[str, asyncio.Task[None]] = {}
+        self._reissued: dict[str, float] = {}
         self._settled = False  # the startup settle is over (see _solver)
         #: the last accepted switch-level faults and when their health was assessed
         self.faults: FabricFaults | None = None
@@ -203,11 +238,30 @@ class TopologyService:
     def stop(self) -> None:
         self._stop.set()
 
+    def _seal(self, body: bytes) -> bytes:
+        """``body`` as published: in a signed envelope with a signing key, else as it is.
+        About 60 us per message (Ed25519): call on the worker thread that encodes."""
+        return body if self.signer is None else self.signer.seal(body)
+
+    def _note_sent(self, payloads: Iterable[tuple[str, bytes]]) -> None:
+        """Remember what is published on plan and peer routes topics (with a signing key;
+        see :meth:`_check_live`): the last :data:`SENT_KEPT` payloads' digests per topic,
+        with when."""
+        if self.signer is None:
+            return
+        now = time.monotonic()
+        for topic, data in payloads:
+            kept = self._sent.get(topic)
+            if kept is None:
+                kept = self._sent[topic] = deque(maxlen=SENT_KEPT)
+            kept.append((_digest(data), now))
+
     async def run(self) -> None:
         log.info(
             "topology_starting",
             fabric=self.fabric.name,
             hosts=len(self.fabric.hosts),
+            signing_key_id=self.signer.key_id if self.signer is not None else None,
             solve_delays_ms=[
                 self.settings.solve_initial_delay_ms,
                 self.settings.debounce_ms,
@@ -245,7 +299,7 @@ class TopologyService:
             if api is not None:  # ends its streams, closes its connections (graceful first)
                 await api.shutdown(tasks[-1])
                 self.api = self.api_port = None
-            for t in tasks:
+            for t in [*tasks, *self._reissuing.values()]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
@@ -296,11 +350,21 @@ class TopologyService:
             topics.service_status(), encode(self._status(online=True)), retain=True
         )
         # After a broker restart without persistence the retained plans are gone: put them back
-        # (same epochs, so agents that applied them ignore them).
-        for peers in list(self.state.peers.values()):
-            await self.bus.publish(topics.peer_routes(peers.host), encode(peers), retain=True)
-        for plan in list(self.state.published.values()):
-            await self.bus.publish(topics.plan(plan.host), encode(plan), retain=True)
+        # (same epochs, so agents that applied them ignore them). Encoded and signed off the
+        # event loop, as the solver's publishes are; one a solve replaced meanwhile is skipped
+        # (the solve published the newer one)
+        state = self.state
+        msgs = [(topics.peer_routes(h), p, state.peers) for h, p in list(state.peers.items())]
+        msgs += [(topics.plan(h), p, state.published) for h, p in list(state.published.items())]
+        sealed = await asyncio.to_thread(lambda: [self._seal(encode(m)) for _, m, _ in msgs])
+        payloads = [
+            (topic, data)
+            for (topic, m, now), data in zip(msgs, sealed, strict=True)
+            if now.get(m.host) is m
+        ]
+        self._note_sent(payloads)
+        for topic, data in payloads:
+            await self.bus.publish(topic, data, retain=True)
         if self.audit_json is not None:
             await self.bus.publish(topics.service_audit(), self.audit_json.encode(), retain=True)
         if self.faults is not None:
@@ -361,6 +425,10 @@ class TopologyService:
             await self._on_fabric_faults(msg)
             return
         unknown_host = parsed.host not in self.state.host_names
+        if parsed.kind in ("plan", "peers") and not msg.retain and self.signer is not None:
+            if not unknown_host:
+                self._check_live(msg, parsed.kind, parsed.host)
+            return
         if parsed.kind in ("plan", "peers") and not msg.payload:
             return  # a deleted retained plan (this service's own clearing, coming back)
         if parsed.kind in ("plan", "peers") and not msg.retain:
@@ -374,10 +442,16 @@ class TopologyService:
             return
         if unknown_host and parsed.kind != "status":
             return  # nothing to plan for a host the fabric does not list
+        payload = msg.payload
+        if parsed.kind in ("plan", "peers"):
+            opened = self._open_retained(msg, parsed.kind, parsed.host)
+            if opened is None:
+                return
+            payload = opened
         try:
             obj = decode(
                 _DECODERS[parsed.kind],
-                msg.payload,
+                payload,
                 topic=msg.topic,
                 expect_host=parsed.host,
                 max_bytes=self.settings.bus.max_message_bytes,
@@ -455,6 +529,91 @@ class TopologyService:
             if self.state.dirty and self._settled:  # it came after the first solve
                 self._changed(urgent=False)
 
+    def _open_retained(self, msg: BusMessage, kind: str, host: str) -> bytes | None:
+        """The message inside a retained plan or peer routes payload of a fabric host. With a
+        signing key it must carry this service's valid signature: one that does not (unsigned,
+        another key, tampered) is dropped (``message_dropped``, counted by reason) and not
+        taken as what is on the bus; this service's own copy replaces it (:meth:`_reissue`).
+        Without a key an envelope's body is read unverified."""
+        verifier = self.signer.verifier if self.signer is not None else None
+        try:
+            return unwrap(msg.payload, verifier, require=True).body
+        except SignatureError as exc:
+            self._drop(msg, exc.reason, exc.detail)
+            if verifier is not None:  # without a key a malformed envelope is just dropped
+                self._foreign(kind, host)
+            return None
+
+    def _check_live(self, msg: BusMessage, kind: str, host: str) -> None:
+        """A live plan or peer routes message of a fabric host (signing mode): normally this
+        service's own coming back: the last it published on that topic, or one of the few
+        before it within :data:`ECHO_WINDOW_S` (compared by digest, not decoded). Anything
+        else was published by another client (forged, a replay, a deletion): agents refuse
+        it or, a replay, ignore it, but the broker now retains it for the next agent that
+        connects, so it is dropped (``foreign``) and this service's own put back
+        (:meth:`_reissue`)."""
+        kept = self._sent.get(msg.topic)
+        if kept is None and not msg.payload:
+            return  # a deletion on a topic this service never published on (its own)
+        if kept:
+            digest, now = _digest(msg.payload), time.monotonic()
+            if digest == kept[-1][0] or any(
+                d == digest and now - at < ECHO_WINDOW_S for d, at in kept
+            ):
+                return
+        self._drop(msg, "foreign", "published on this topic by another client")
+        self._foreign(kind, host)
+
+    def _foreign(self, kind: str, host: str) -> None:
+        """Put this service's own ``kind`` message of ``host`` back (:meth:`_reissue`), at
+        most once per :data:`REISSUE_INTERVAL_S` per topic (later ones wait, and one wait
+        covers every foreign message meanwhile): a client that keeps publishing there, or a
+        second service, cannot make this one publish in a loop."""
+        topic = topics.plan(host) if kind == "plan" else topics.peer_routes(host)
+        if topic in self._reissuing:
+            return
+        wait = self._reissued.get(topic, -REISSUE_INTERVAL_S) + REISSUE_INTERVAL_S
+        self._reissuing[topic] = asyncio.create_task(
+            self._reissue_after(kind, host, topic, max(0.0, wait - time.monotonic())),
+            name=f"reissue:{topic}",
+        )
+
+    async def _reissue_after(self, kind: str, host: str, topic: str, delay_s: float) -> None:
+        try:
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            self._reissued[topic] = time.monotonic()
+            if self.duplicate is None:  # never fight another service over the topic
+                await self._reissue(kind, host)
+        finally:
+            self._reissuing.pop(topic, None)
+
+    async def _reissue(self, kind: str, host: str) -> None:
+        """Publish this service's own ``kind`` (plan, peers) message of ``host`` again,
+        retained, in place of a foreign one. Without one: a plan is published by the first
+        solve (every host's plan it has not seen on the bus); peer routes are deleted (the
+        host never had any from this service, or the solve publishes them after)."""
+        own = (self.state.published if kind == "plan" else self.state.peers).get(host)
+        topic = topics.plan(host) if kind == "plan" else topics.peer_routes(host)
+        if own is not None:
+            action = "re-published this service's own"
+        elif kind == "peers":
+            action = "deleted"
+        else:
+            action = "the first solve publishes this service's own"
+        log.warning(
+            "foreign_retained_replaced",
+            topic=topic,
+            epoch=own.epoch if own is not None else None,
+            action=action,
+        )
+        if own is not None:
+            data = await asyncio.to_thread(lambda: self._seal(encode(own)))
+            self._note_sent([(topic, data)])
+            await self.bus.publish(topic, data, retain=True)
+        elif kind == "peers":
+            await self.bus.publish(topic, b"", retain=True)
+
     def _on_applied(self, ack: Ack) -> None:
         """Count ``ack`` against the hosts the last publish waits for; the last one logs
         ``plans_acked`` (epoch, hosts, ms from the publish to the last ack)."""
@@ -480,15 +639,19 @@ class TopologyService:
         fabric), every agent would route to the peer. Noted; deleted right away when the
         startup settle is over, else by :meth:`_solver` when it is."""
         epoch = None
-        with contextlib.suppress(BadMessage):
+        verifier = self.signer.verifier if self.signer is not None else None
+        with contextlib.suppress(BadMessage, SignatureError):
+            opened = unwrap(msg.payload, verifier, require=False)
             obj = decode(
                 _DECODERS[kind],
-                msg.payload,
+                opened.body,
                 topic=msg.topic,
                 expect_host=host,
                 max_bytes=self.settings.bus.max_message_bytes,
             )
             epoch = obj.epoch
+            if isinstance(obj, PeerRoutes) and opened.verified:
+                self._stale_peer_routes[host] = obj
         (self.stale_plans if kind == "plan" else self.stale_peers)[host] = epoch
         if self._settled:
             await self._clear_stale_plans()
@@ -500,9 +663,36 @@ class TopologyService:
         by a service that found another one running (it may be on another fabric: the plans
         are that one's). A publish that fails leaves the plan retained: it comes back on the
         next connection and is cleared then. An agent of such a host keeps its routes. Stale
-        peer routes (:attr:`stale_peers`) go the same way (``stale_peers_cleared``)."""
+        peer routes (:attr:`stale_peers`) go the same way (``stale_peers_cleared``); with a
+        signing key, the ones this service's key signed are first replaced by signed empty
+        ones (agents that verify ignore an unsigned deletion, and would keep their routes)."""
         if self.duplicate is not None:
             return
+        if self.signer is not None and self._stale_peer_routes:
+            emptied = {
+                h: pr.model_copy(
+                    update={
+                        "classes": [],
+                        "modulus": 1,
+                        "epoch": max(self.state.epoch, pr.epoch) + 1,
+                        "issued_at": time.time(),
+                    }
+                )
+                for h, pr in self._stale_peer_routes.items()
+                if h in self.stale_peers
+            }
+            self._stale_peer_routes.clear()
+            sealed = await asyncio.to_thread(
+                lambda: [(topics.peer_routes(h), self._seal(encode(p))) for h, p in emptied.items()]
+            )
+            self._note_sent(sealed)
+            for i in range(0, len(sealed), PUBLISH_WINDOW):
+                await asyncio.gather(
+                    *(
+                        self.bus.publish(t, d, retain=True)
+                        for t, d in sealed[i : i + PUBLISH_WINDOW]
+                    )
+                )
         for event, stale, topic in (
             ("stale_plan_cleared", self.stale_plans, topics.plan),
             ("stale_peers_cleared", self.stale_peers, topics.peer_routes),
@@ -723,6 +913,7 @@ class TopologyService:
         await self.bus.connected.wait()
         await self._settle()  # let retained states and plans arrive
         self._settled = True
+        self._warn_unknown_ports()
         await self._adopt_inherited_faults()
         await self._clear_stale_plans()
         while True:
@@ -738,6 +929,21 @@ class TopologyService:
             due = self.backoff.due
             if due is not None and due > time.monotonic():
                 await asyncio.sleep(due - time.monotonic())
+
+    def _warn_unknown_ports(self) -> None:
+        """After the startup settle: agents online whose port states did not arrive (a broker
+        that dropped retained messages to this new subscriber: ``max_queued_messages``) are
+        planned as if those ports were up until the agents' next refresh. Say so, once."""
+        have = {host for host, _ in self.state.ports}
+        missing = sorted(h for h, up in self.state.online.items() if up and h not in have)
+        if missing:
+            log.warning(
+                "port_states_missing",
+                hosts=len(missing),
+                first=missing[:10],
+                hint="the broker may have dropped retained messages (raise mosquitto's "
+                "max_queued_messages); these hosts count as whole until their agents refresh",
+            )
 
     def _changed(self, *, urgent: bool = True) -> None:
         """A change that needs a solve: schedule it (RFC 8405 back-off) and wake the solver.
@@ -765,13 +971,15 @@ class TopologyService:
             # whole again expands its plan with the peer routes of the same solve)
             full = [p for p in solved.publish if p.shared is None]
             compact = [p for p in solved.publish if p.shared is not None]
+            seal = self._seal  # signed here, off the event loop (about 60 us a message)
             return (
-                [(topics.plan(p.host), encode(p)) for p in full]
-                + [(topics.peer_routes(p.host), encode(p)) for p in solved.peers]
-                + [(topics.plan(p.host), encode(p)) for p in compact]
+                [(topics.plan(p.host), seal(encode(p))) for p in full]
+                + [(topics.peer_routes(p.host), seal(encode(p))) for p in solved.peers]
+                + [(topics.plan(p.host), seal(encode(p))) for p in compact]
             )
 
         payloads = await asyncio.to_thread(encoded)
+        self._note_sent(payloads)
         t2 = time.monotonic()
         # QoS 1: each publish waits for the broker's PUBACK; keep many in flight (messages of
         # different hosts are independent) instead of one round trip per host in turn
@@ -825,6 +1033,11 @@ def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:
         with contextlib.suppress(ValueError, RecursionError):
             return json.loads(payload)
     return payload[:limit].decode(errors="replace")
+
+
+def _digest(data: bytes) -> bytes:
+    """A collision-resistant digest of a published payload (BLAKE2b, 16 bytes)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _ms_until(t: float) -> float:

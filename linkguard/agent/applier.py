@@ -5,8 +5,9 @@ own table (through a :class:`~linkguard.drivers.routes.RouteTable`: on-link pref
 exceptions via a gateway, ``unreachable`` /32s; see :func:`kernel_routes`), the rail map file
 (written atomically when what it says changes), the last plan persisted in the state dir
 (``last-plan.json``; a compact plan with the peer routes it was expanded with, one file per
-peer in ``peers/``, which the agent writes as they arrive), and
-:class:`~linkguard.models.Ack`s.
+peer in ``peers/``, which the agent writes as they arrive; each file holds the payload as
+received, a signed envelope when the service signs, verified again by :meth:`Applier.start`),
+and :class:`~linkguard.models.Ack`s.
 Every apply is a full reconcile of the table against the plan, so a restart, a missed message or
 a hand-edited table converge to the plan with no duplicates and no churn for unchanged routes.
 """
@@ -26,6 +27,7 @@ import structlog
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
 from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, PeerRoutes, Plan, decode, expand_plan
+from linkguard.signing import SignatureError, Verifier, unwrap
 
 __all__ = ["Applier", "RouteTableLike", "atomic_write", "kernel_routes", "load_peer_routes"]
 
@@ -63,18 +65,42 @@ def kernel_routes(eff: Effective) -> dict[Destination, KernelRoute]:
     return out
 
 
-def load_peer_routes(directory: Path) -> dict[str, PeerRoutes]:
+def load_peer_routes(
+    directory: Path, *, verifier: Verifier | None = None, require_signed: bool = True
+) -> dict[str, PeerRoutes]:
     """The peer routes persisted in ``directory`` (``<peer>.json``, as received), by peer.
-    An unreadable or invalid file is logged (``peer_routes_unreadable``) and skipped."""
+    An unreadable or invalid file is logged (``peer_routes_unreadable``) and skipped; so is
+    one that fails the signature check with ``verifier`` (``state_file_refused``, with the
+    :class:`~linkguard.signing.SignatureError` reason), as :func:`unwrap` decides."""
     out: dict[str, PeerRoutes] = {}
     for path in sorted(directory.glob("*.json")):
         try:
-            pr = decode(PeerRoutes, path.read_bytes(), expect_host=path.stem)
-        except (OSError, BadMessage) as exc:
+            raw = path.read_bytes()
+            body = unwrap(raw, verifier, require=require_signed).body
+        except OSError as exc:
+            log.warning("peer_routes_unreadable", path=str(path), error=str(exc))
+            continue
+        except SignatureError as exc:
+            _state_file_refused(path, exc)
+            continue
+        try:
+            pr = decode(PeerRoutes, body, expect_host=path.stem)
+        except BadMessage as exc:
             log.warning("peer_routes_unreadable", path=str(path), error=str(exc))
             continue
         out[pr.host] = pr
     return out
+
+
+def _state_file_refused(path: Path, exc: SignatureError) -> None:
+    log.error(
+        "state_file_refused",
+        path=str(path),
+        reason=exc.reason,
+        detail=exc.detail[:300],
+        action="not applied; waiting for the service's signed copy",
+        hint="the file was changed after it was received, or the service key changed",
+    )
 
 
 def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
@@ -113,8 +139,15 @@ class Applier:
         prefixes: Collection[ipaddress.IPv4Network],
         rail_map_path: Path,
         state_dir: Path,
+        verifier: Verifier | None = None,
+        require_signed: bool = True,
     ) -> None:
+        """``verifier``: the service's key, which the persisted plan and peer routes must be
+        signed with when :meth:`start` restores them (``require_signed``: unsigned ones are
+        refused too); None: restored unverified."""
         self.host = host
+        self.verifier = verifier
+        self.require_signed = require_signed
         self.table = table
         self.netdevs = set(netdevs)
         self.prefixes = list(prefixes)
@@ -122,7 +155,8 @@ class Applier:
         self.plan_path = state_dir / "last-plan.json"
         self.peers_dir = state_dir / "peers"
         self._rail_map_said: tuple | None = None  # what the rail map file says, epoch aside
-        #: the compact plan and peer routes :meth:`start` expanded (None: a full plan, or none)
+        #: the plan :meth:`start` restored as received (compact, with the peer routes it
+        #: expanded it with; or full, with none); None: nothing restored
         self.restored: tuple[Plan, dict[str, PeerRoutes]] | None = None
         self.plan: Plan | None = None
         self.locally_down: set[str] = set()
@@ -135,13 +169,30 @@ class Applier:
         return self.plan.epoch if self.plan else None
 
     async def start(self) -> None:
-        """Install the ip rules, then reconcile the table with the last persisted plan."""
+        """Install the ip rules, then reconcile the table with the last persisted plan (its
+        signature checked again with :attr:`verifier`: a file that fails is logged as
+        ``state_file_refused`` and nothing is applied)."""
         await self.table.ensure_rules()
         if not self.plan_path.exists():
             return
         try:
-            compact = decode(Plan, self.plan_path.read_bytes(), expect_host=self.host)
-            peers = load_peer_routes(self.peers_dir) if compact.shared is not None else {}
+            raw = self.plan_path.read_bytes()
+            body = unwrap(raw, self.verifier, require=self.require_signed).body
+        except SignatureError as exc:
+            _state_file_refused(self.plan_path, exc)
+            return
+        except OSError as exc:
+            log.warning("last_plan_unreadable", path=str(self.plan_path), error=str(exc))
+            return
+        try:
+            compact = decode(Plan, body, expect_host=self.host)
+            peers = (
+                load_peer_routes(
+                    self.peers_dir, verifier=self.verifier, require_signed=self.require_signed
+                )
+                if compact.shared is not None
+                else {}
+            )
             plan = expand_plan(compact, peers)
         except (OSError, BadMessage, ValueError) as exc:
             log.warning("last_plan_unreadable", path=str(self.plan_path), error=str(exc))
@@ -164,8 +215,7 @@ class Applier:
             )
             return
         self.plan = plan
-        if compact.shared is not None:
-            self.restored = (compact, peers)
+        self.restored = (compact, peers)
         await self._put_in_place()
         log.info("reconciled_with_last_plan", epoch=plan.epoch, result=self._summary())
 

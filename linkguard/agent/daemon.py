@@ -8,6 +8,12 @@ applier are only touched from the event loop, so no locks are needed beyond the 
 around kernel changes. A compact plan (``Plan.shared``) is applied expanded with the retained
 peer routes (``peers/+``, :func:`~linkguard.models.expand_plan`), again whenever one of them
 changes; the ack carries the expanded plan's epoch.
+
+Plans and peer routes are signed by the service (:mod:`linkguard.signing`) when the agent
+holds its public key (``service_public_key``): an unsigned, wrongly signed or malformed one is
+dropped, counted (``stats.messages_dropped`` by reason) and logged (``message_dropped``) before
+it is decoded; what is kept in the state dir is the payload as received, verified again on a
+restart.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from linkguard.models import (
     expand_plan,
 )
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
+from linkguard.signing import SignatureError, Verifier, unwrap
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "run_agent"]
 
@@ -175,6 +182,15 @@ class Agent:
                 hint="no HCA ports configured or found; the agent only reports",
             )
         self.rails = {h.key: h.rail for h in self.inventory.hcas}
+        #: the service's public key (None: plans are applied unverified); KeyFileError (a
+        #: ConfigError) for a key file that cannot be read
+        self.verifier: Verifier | None = (
+            Verifier.from_file(settings.service_public_key)
+            if settings.service_public_key is not None
+            else None
+        )
+        self.require_signed = settings.require_signed_plans
+        self._unverified_logged = False  # signed_plan_not_verified said once
         self.source = source if source is not None else make_source(settings, self.inventory)
         if table is None:
             if settings.apply_routes:
@@ -201,6 +217,8 @@ class Agent:
             prefixes=settings.endpoint_prefixes,
             rail_map_path=settings.rail_map_path,
             state_dir=settings.state_dir,
+            verifier=self.verifier,
+            require_signed=self.require_signed,
         )
         self.stats = AgentStats()
         #: Prometheus metrics (its own registry); the exporter runs while :meth:`run` does
@@ -254,6 +272,23 @@ class Agent:
             table=self.settings.route_table,
             netns=self.settings.netns,
         )
+        if self.verifier is None:
+            # a warning where plans steer kernel routes; simulated agents (in-memory tables:
+            # quickstart, simulations) say it at info
+            (log.warning if self.settings.apply_routes else log.info)(
+                "plans_not_verified",
+                host=self.host,
+                hint="set service_public_key (linkguard keys generate): without it a forged "
+                "plan on the bus is applied",
+            )
+        elif not self.require_signed:
+            log.warning(
+                "unsigned_plans_accepted",
+                key_id=self.verifier.key_id,
+                hint="require_signed_plans is false: unsigned plans are applied (key roll-out)",
+            )
+        else:
+            log.info("plans_verified", key_id=self.verifier.key_id)
         async with contextlib.AsyncExitStack() as stack:
             await self.metrics.start(self.settings.metrics_listen)
             stack.push_async_callback(self.metrics.stop)  # frees the port on any exit
@@ -269,7 +304,8 @@ class Agent:
     async def _run(self) -> None:
         async with self._lock:
             await self.applier.start()
-        if self.applier.restored is not None:  # retained copies of these change nothing
+        if self.applier.restored is not None:  # retained copies of these change nothing,
+            # and older ones (replays) are stale against them
             self.plan_received, peers = self.applier.restored
             self.peers = dict(peers)
         if self.applier.plan is not None:  # announced on connect: replaces a stale one
@@ -433,14 +469,26 @@ class Agent:
         plan = self._decode(Plan, msg, self.host)
         if plan is None:
             return
+        # older than the plan in hand (a replay, or a late retained copy): never taken in hand
+        have = self.plan_received.epoch if self.plan_received is not None else None
+        if have is not None and plan.epoch < have and plan.shared is not None:
+            self._stale(msg, plan.epoch, have)
+            return
+        if have is not None and plan.epoch < have:  # refused as the applier refuses it
+            self.stats.plans_refused["stale_epoch"] += 1
+            log.warning(
+                "plan_refused",
+                epoch=plan.epoch,
+                reason="stale_epoch",
+                detail=f"epoch {plan.epoch} < received {have}",
+            )
+            return
         if plan.shared is not None:
-            if self.plan_received is not None and plan.epoch < self.plan_received.epoch:
-                self._stale(msg, plan.epoch, self.plan_received.epoch)
-                return
-            if plan != self.plan_received:  # what the applier expands on a restart
-                atomic_write(self.applier.plan_path, msg.payload, mode=0o600)
+            changed = plan != self.plan_received
             self.plan_received = plan
-            await self._apply_expanded()
+            # persisted (as received: what the applier expands on a restart) once it applies
+            if await self._apply_expanded() and changed:
+                atomic_write(self.applier.plan_path, msg.payload, mode=0o600)
             return
         self.plan_received = plan
         applied = self.applier.plan
@@ -450,16 +498,20 @@ class Agent:
                 return
             # the same epoch, other content: an expansion of the compact plan this one
             # replaces was applied with it (retained copies arrive in any order): apply
-            await self._apply(plan, same_epoch=True)
+            await self._apply(plan, same_epoch=True, raw=msg.payload)
             return
-        await self._apply(plan)
+        await self._apply(plan, raw=msg.payload)
 
     def _decode(self, model: type[M], msg: BusMessage, host: str) -> M | None:
-        """``msg`` validated as ``model`` for ``host``; None (logged, counted) when bad."""
+        """``msg`` (signed as :meth:`_open` requires) validated as ``model`` for ``host``;
+        None (logged, counted) when bad."""
+        body = self._open(msg)
+        if body is None:
+            return None
         try:
             return decode(
                 model,
-                msg.payload,
+                body,
                 topic=msg.topic,
                 expect_host=host,
                 max_bytes=self.settings.bus.max_message_bytes,
@@ -475,10 +527,50 @@ class Agent:
             )
             return None
 
+    def _open(self, msg: BusMessage) -> bytes | None:
+        """The message inside ``msg.payload``: with the service's key, a signed envelope
+        whose signature checks out (or, with ``require_signed_plans`` false, a plain
+        message); without one, a plain message or an envelope's body (unverified, said once
+        in the log). None (logged as ``message_dropped``, counted by reason) when refused."""
+        size = len(msg.payload)
+        limit = self.settings.bus.max_message_bytes
+        if size > limit:  # before parsing anything
+            self.stats.messages_dropped["oversized"] += 1
+            log.warning(
+                "message_dropped", topic=msg.topic, reason="oversized", bytes=size, limit=limit
+            )
+            return None
+        try:
+            opened = unwrap(msg.payload, self.verifier, require=self.require_signed)
+        except SignatureError as exc:
+            self.stats.messages_dropped[exc.reason] += 1
+            log.warning(
+                "message_dropped",
+                topic=msg.topic,
+                reason=exc.reason,
+                detail=exc.detail[:300],
+                bytes=size,
+            )
+            return None
+        if opened.signed and not opened.verified and not self._unverified_logged:
+            self._unverified_logged = True
+            log.warning(
+                "signed_plan_not_verified",
+                topic=msg.topic,
+                hint="the service signs its plans but this agent has no service_public_key: "
+                "applied without checking the signature",
+            )
+        return opened.body
+
     async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
         """``peers/<peer>``: keep the newest; re-apply a compact plan with it. A zero-length
         payload (the service deleted a stale one) empties it (its epoch stays counted)."""
         if not msg.payload:
+            if self.verifier is not None and self.require_signed:
+                # a deletion cannot be signed: routes change only with a signed message (the
+                # service publishes empty signed peer routes before it deletes them)
+                log.info("peer_routes_deletion_ignored", topic=msg.topic, reason="unsigned")
+                return
             old = self.peers.get(peer)
             if old is not None and old.classes:  # keep its epoch: the acked one stays the same
                 self.peers[peer] = old.model_copy(update={"classes": [], "modulus": 1})
@@ -557,10 +649,23 @@ class Agent:
             return True
         return await self._apply(full, same_epoch=True, persist=False)
 
-    async def _apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> bool:
-        """Apply ``plan`` and ack it; False when it was refused."""
+    async def _apply(
+        self,
+        plan: Plan,
+        *,
+        same_epoch: bool = False,
+        persist: bool = True,
+        raw: bytes | None = None,
+    ) -> bool:
+        """Apply ``plan`` and ack it; False when it was refused. ``raw``: the payload
+        ``plan`` came in, persisted as received once the plan is taken (instead of the
+        applier's own JSON of it, which could not carry the signature)."""
         async with self._lock:
-            ack = await self.applier.apply(plan, same_epoch=same_epoch, persist=persist)
+            ack = await self.applier.apply(
+                plan, same_epoch=same_epoch, persist=persist and raw is None
+            )
+            if raw is not None and persist and ack.result != AckResult.REFUSED:
+                atomic_write(self.applier.plan_path, raw, mode=0o600)
         self.metrics.observe_ack(ack)
         if ack.result == AckResult.REFUSED:
             reason = (ack.error or "").split(":", 1)[0]

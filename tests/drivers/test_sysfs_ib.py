@@ -456,3 +456,32 @@ def test_full_poll_time_of_gpud_tree(gpud: Path) -> None:
         best = min(best, time.perf_counter() - t0)
     assert len(obs) == 9 and sum(len(o.counters) for o in obs) == 9 * 46
     print(f"full poll of the gpud H100 tree (9 ports, 414 counters): {best * 1e3:.2f} ms")
+
+
+def test_between_full_readings_only_state_and_phys_state_are_read(gpud: Path) -> None:
+    from linkguard.drivers.sysfs_ib import _Poller
+
+    reads: list[str] = []
+
+    def counting(path: str) -> str:
+        reads.append(path.rsplit("/", 1)[-1])
+        return read_sysfs(path)
+
+    poller = _Poller(
+        root=gpud, ports=None, reader=counting, rediscover_s=1e9, counters_interval_s=1.0
+    )
+    assert len(poller.poll(0.0)) == 9  # the first poll reads everything
+    reads.clear()
+    assert poller.poll(0.1) == []
+    assert sorted(set(reads)) == ["phys_state", "state"] and len(reads) == 9 * 2
+    # a retrain to a lower rate without a state change: seen at the next full reading (1 s)
+    put(gpud / "mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)\n")
+    assert poller.poll(0.2) == []
+    changed = poller.poll(1.0)
+    assert [(o.key, o.rate_gbps) for o in changed] == [("mlx5_0/1", 200.0)]
+    # a state change is seen at once, with everything else of that port re-read
+    put(gpud / "mlx5_1/ports/1/state", "1: DOWN\n")
+    reads.clear()
+    changed = poller.poll(1.1)
+    assert [(o.key, o.state) for o in changed] == [("mlx5_1/1", PortStateName.DOWN)]
+    assert "rate" in reads and "link_layer" in reads

@@ -783,6 +783,7 @@
     box.replaceChildren(...parts);
   }
 
+  const pct = (v) => (typeof v === "number" ? `${(100 * v).toFixed(4)} %` : "–");
   const num = (v, digits) => (typeof v === "number" ? (digits == null ? fmtNum(v) : v.toFixed(digits)) : "–");
 
   function ledgerReport(doc) {
@@ -799,7 +800,7 @@
         `${num(ref.link_caused_per_1000_gpu_days, 3)} link-caused`],
       ["interruptions avoided", num(doc.interruptions_avoided)],
       ["GPU-hours saved", `${num(doc.gpu_hours_saved, 2)} ($${num(doc.dollars_saved, 2)} at $${num(doc.price_per_gpu_hour, 2)}/GPU-hour)`],
-      ["goodput", `${num(withL.goodput, 5)} with, ${num(without.goodput, 5)} without`],
+      ["goodput", `${pct(withL.goodput)} with, ${pct(without.goodput)} without`],
       ["reroutes", `${num(doc.reroutes)} (needless ${num(doc.needless_reroutes)}, unconfirmed ${num(doc.unconfirmed_reroutes)})`],
       ["time to reroute", ttr.count ? `p50 ${num(ttr.p50, 1)} ms, p99 ${num(ttr.p99, 1)} ms, max ${num(ttr.max, 1)} ms` : "–"],
       ["port downs / suppressions", `${num(doc.port_downs)} / ${num(doc.suppressions)}`],
