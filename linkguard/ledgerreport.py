@@ -45,7 +45,14 @@ from typing import Any
 from linkguard.ledger import HEARTBEAT_S, MAX_TIME, LedgerError, NoRunError, iso, model_from_json
 from linkguard.simulations.engine import percentile
 from linkguard.simulations.failures import FailureModel
-from linkguard.simulations.fleetreport import ASSUMES, Cost, Outage, cost_with, cost_without
+from linkguard.simulations.fleetreport import (
+    ASSUMES,
+    Cost,
+    Outage,
+    cost_rows,
+    cost_with,
+    cost_without,
+)
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
 
@@ -247,19 +254,7 @@ class LedgerReport:
                 f"{'-' if self.requested_until is None else iso(self.requested_until)}"
             )
             lines.insert(2, f"    (asked {asked}: clamped to what the ledger recorded)")
-        rows = [
-            ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
-            (
-                "  per 1,000 GPU-days",
-                f"{w.interruptions_per_1000_gpu_days:.4f}",
-                f"{wo.interruptions_per_1000_gpu_days:.4f}",
-            ),
-            ("stalls", f"{w.stalls}", f"{wo.stalls}"),
-            ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
-            ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
-            ("goodput", f"{100 * w.goodput:.5f} %", f"{100 * wo.goodput:.5f} %"),
-        ]
-        lines += [f"  {a:34} {b:>16} {c:>12}" for a, b, c in rows]
+        lines += [f"  {a:34} {b:>16} {c:>12}" for a, b, c in cost_rows(w, wo)]
         lines += [
             f"  Meta, Llama 3 (419 in 54 days on 16,384 GPUs): {ref['per_1000_gpu_days']:.4f} "
             f"interruptions per 1,000 GPU-days,",

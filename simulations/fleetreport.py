@@ -55,6 +55,7 @@ __all__ = [
     "Cost",
     "FleetReport",
     "Outage",
+    "cost_rows",
     "cost_with",
     "cost_without",
     "fleet_report",
@@ -230,6 +231,23 @@ def _percent(x: float) -> str:
     return f"{100 * x:.9f} %"
 
 
+def cost_rows(w: Cost, wo: Cost) -> list[tuple[str, str, str]]:
+    """The cost table's rows, (label, with linkguard, without), as the fleet report and
+    ``linkguard report`` print them."""
+    return [
+        ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
+        (
+            "  per 1,000 GPU-days",
+            f"{w.interruptions_per_1000_gpu_days:.4f}",
+            f"{wo.interruptions_per_1000_gpu_days:.4f}",
+        ),
+        ("stalls", f"{w.stalls}", f"{wo.stalls}"),
+        ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
+        ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
+        ("goodput", _percent(w.goodput), _percent(wo.goodput)),
+    ]
+
+
 def _quantiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
@@ -366,18 +384,7 @@ class FleetReport:
         w, wo = self.with_linkguard, self.without_linkguard
         days = self.duration_s / 86400
         kinds = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.counts.items())
-        rows = [
-            ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
-            (
-                "  per 1,000 GPU-days",
-                f"{w.interruptions_per_1000_gpu_days:.4f}",
-                f"{wo.interruptions_per_1000_gpu_days:.4f}",
-            ),
-            ("stalls", f"{w.stalls}", f"{wo.stalls}"),
-            ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
-            ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
-            ("goodput", _percent(w.goodput), _percent(wo.goodput)),
-        ]
+        rows = cost_rows(w, wo)
         lines = [
             f"fleet: {self.hosts} hosts x {self.rails} rails ({self.gpus:,} GPUs), {days:g} days, "
             f"seed {self.seed}: {kinds} ({self.dropped} dropped as overlapping), "

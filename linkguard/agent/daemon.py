@@ -423,10 +423,7 @@ class Agent:
         try:
             seen = decode(HostStatus, msg.payload, topic=msg.topic, expect_host=self.host)
         except BadMessage as exc:
-            self.stats.messages_dropped[exc.reason] += 1
-            log.warning(
-                "message_dropped", topic=msg.topic, reason=exc.reason, detail=exc.detail[:300]
-            )
+            self._drop(msg, exc.reason, exc.detail)
             return
         verdict = judge(self.me, seen, retained=msg.retain)
         if verdict == Verdict.IGNORE:
@@ -502,6 +499,17 @@ class Agent:
             return
         await self._apply(plan, raw=msg.payload)
 
+    def _drop(self, msg: BusMessage, reason: str, detail: str) -> None:
+        """Count and log a message that is not taken (``message_dropped``)."""
+        self.stats.messages_dropped[reason] += 1
+        log.warning(
+            "message_dropped",
+            topic=msg.topic,
+            reason=reason,
+            detail=detail[:300],
+            bytes=len(msg.payload),
+        )
+
     def _decode(self, model: type[M], msg: BusMessage, host: str) -> M | None:
         """``msg`` (signed as :meth:`_open` requires) validated as ``model`` for ``host``;
         None (logged, counted) when bad."""
@@ -517,14 +525,7 @@ class Agent:
                 max_bytes=self.settings.bus.max_message_bytes,
             )
         except BadMessage as exc:
-            self.stats.messages_dropped[exc.reason] += 1
-            log.warning(
-                "message_dropped",
-                topic=msg.topic,
-                reason=exc.reason,
-                detail=exc.detail[:300],
-                bytes=len(msg.payload),
-            )
+            self._drop(msg, exc.reason, exc.detail)
             return None
 
     def _open(self, msg: BusMessage) -> bytes | None:
@@ -543,14 +544,7 @@ class Agent:
         try:
             opened = unwrap(msg.payload, self.verifier, require=self.require_signed)
         except SignatureError as exc:
-            self.stats.messages_dropped[exc.reason] += 1
-            log.warning(
-                "message_dropped",
-                topic=msg.topic,
-                reason=exc.reason,
-                detail=exc.detail[:300],
-                bytes=size,
-            )
+            self._drop(msg, exc.reason, exc.detail)
             return None
         if opened.signed and not opened.verified and not self._unverified_logged:
             self._unverified_logged = True
@@ -586,13 +580,8 @@ class Agent:
             return
         outside = [e for e in pr.endpoints if not self._in_scope(e)]
         if outside:
-            self.stats.messages_dropped["out_of_scope"] += 1
-            log.warning(
-                "message_dropped",
-                topic=msg.topic,
-                reason="out_of_scope",
-                detail=f"endpoints {outside[:4]} outside the configured endpoint prefixes",
-            )
+            detail = f"endpoints {outside[:4]} outside the configured endpoint prefixes"
+            self._drop(msg, "out_of_scope", detail)
             return
         # kept (and persisted) only once it is known to apply: a refused one changes nothing,
         # and the ones that follow it are judged against what was kept
