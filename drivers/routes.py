@@ -38,7 +38,14 @@ from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
 
 from linkguard.drivers.netlink import open_iproute
 
-__all__ = ["Destination", "KernelRoute", "ReconcileResult", "RouteTable", "check_routes"]
+__all__ = [
+    "Destination",
+    "KernelRoute",
+    "NotPermittedError",
+    "ReconcileResult",
+    "RouteTable",
+    "check_routes",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -281,7 +288,21 @@ class RouteTable:
         """Make this table's rules exactly ``to <prefix> lookup <table> priority <p>`` per
         prefix (``from all`` when no prefixes): adds the missing ones, removes ones of ours
         (same table and priority) for prefixes no longer configured, leaves every other rule
-        alone. Idempotent. Raises NetlinkError if the kernel refuses."""
+        alone. Idempotent. Raises :class:`NotPermittedError` when the kernel says EPERM (no
+        CAP_NET_ADMIN), NetlinkError if it refuses otherwise."""
+        try:
+            await self._ensure_rules()
+        except NetlinkError as exc:
+            if exc.code != errno.EPERM:
+                raise
+            raise NotPermittedError(
+                f"the kernel refused linkguard's ip rule ({_message(exc)}): the agent needs "
+                "CAP_NET_ADMIN for its rules and its route table: run it as root or grant the "
+                "capability (deploy/systemd/linkguard-agent.service: AmbientCapabilities="
+                "CAP_NET_ADMIN)"
+            ) from None
+
+    async def _ensure_rules(self) -> None:
         have, want = await self._our_rules(), self._wanted_rules()
         for dst, dst_len in sorted(want - have):
             await self.ipr.rule("add", **self._rule_args(dst, dst_len))
@@ -490,6 +511,10 @@ class RouteTable:
             await self.ipr.rule("del", **self._rule_args(dst, dst_len))
         log.info("table_flushed", netns=self.netns, table=self.table, routes=deleted)
         return deleted
+
+
+class NotPermittedError(PermissionError):
+    """The kernel refused a route or rule change for lack of privilege (EPERM)."""
 
 
 def _message(exc: NetlinkError) -> str:

@@ -833,9 +833,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return handler(args)
 
+    from linkguard.drivers.routes import NotPermittedError
     from linkguard.presence import DuplicateInstanceError
 
-    user_errors = (ConfigError, FabricError, InventoryError, NetnsNotFoundError)
+    user_errors = (ConfigError, FabricError, InventoryError, NetnsNotFoundError, NotPermittedError)
     try:
         return _daemon(args)
     except Exception as exc:
