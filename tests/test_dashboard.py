@@ -152,6 +152,8 @@ async def test_link_down_recolours_within_2s(tmp_path: Path) -> None:
         await page.click(port_cell)
         await page.wait_for_selector(f"#host-hcas tr[data-hca='{hca.hca}'][data-shown='down']")
         await page.wait_for_selector("#host-plan")
+        # ... and, once the host's new plan is applied, its rail map shows the moved GPU
+        await page.wait_for_selector("#host-view tr.moved", timeout=10_000)
         # the timeline got the port event live
         await page.wait_for_selector(f"#timeline li[data-kind='port_event'][data-host='{host}']")
         assert page.errors == []
