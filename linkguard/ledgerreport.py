@@ -43,7 +43,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from linkguard.ledger import HEARTBEAT_S, MAX_TIME, LedgerError, NoRunError, iso, model_from_json
-from linkguard.simulations.engine import percentile
 from linkguard.simulations.failures import FailureModel
 from linkguard.simulations.fleetreport import (
     ASSUMES,
@@ -52,6 +51,7 @@ from linkguard.simulations.fleetreport import (
     cost_rows,
     cost_with,
     cost_without,
+    quantiles,
 )
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
@@ -92,18 +92,6 @@ def _cost_dict(c: Cost) -> dict[str, object]:
 
 def _zero_cost() -> Cost:
     return Cost(0, 0, 0.0, 0.0, 1.0, 0.0)
-
-
-def _quantiles(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
-    return {
-        "count": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "max": max(values),
-    }
 
 
 @dataclass
@@ -711,7 +699,7 @@ def _build(
         price_per_gpu_hour=float(price_per_gpu_hour),
         reroutes=reroutes,
         solves=solves,
-        time_to_reroute_ms=_quantiles(done),
+        time_to_reroute_ms=quantiles(done),
         needless_reroutes=needless,
         unconfirmed_reroutes=unconfirmed,
         port_downs=port_downs,

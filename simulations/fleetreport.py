@@ -61,6 +61,7 @@ __all__ = [
     "fleet_report",
     "outages",
     "plot",
+    "quantiles",
     "simulate",
     "stderr_progress",
 ]
@@ -248,7 +249,8 @@ def cost_rows(w: Cost, wo: Cost) -> list[tuple[str, str, str]]:
     ]
 
 
-def _quantiles(values: list[float]) -> dict[str, float | int | None]:
+def quantiles(values: list[float]) -> dict[str, float | int | None]:
+    """count, p50, p90, p99 and max of ``values`` (None each when empty)."""
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
     return {
@@ -463,7 +465,7 @@ def fleet_report(
         without_linkguard=cost_without(found, model, **kw),
         reroutes=report.reroutes,
         solves=report.solves,
-        time_to_reroute_ms=_quantiles(rerouted),
+        time_to_reroute_ms=quantiles(rerouted),
         needless_reroutes=sum(
             1 for o in found if o.reroute_ms is not None and o.down_s < model.ride_out_s
         ),
