@@ -8,7 +8,7 @@ in ``errors``; a driver never raises for a bad value of one port.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -26,7 +26,9 @@ class PortObservation:
     IFF_LOWER_UP of the netdev when the driver knows it. ``counters`` maps counter name to value
     (None when unreadable, e.g. ``N/A (no PMA)``); data counters (``port_*_data``) are kept in
     the sysfs unit, 4-octet words. ``saturated`` names counters stuck at their maximum.
-    ``monotonic`` is ``time.monotonic()`` at the reading.
+    ``monotonic`` is ``time.monotonic()`` at the reading. ``gids`` (RoCE): the port's GID table,
+    index -> GID text as sysfs ``gids/<n>`` prints it, non-zero entries only; None when the
+    driver did not read it this time.
     """
 
     hca: str
@@ -44,6 +46,7 @@ class PortObservation:
     #: False when the device or netdev itself is gone (hot-unplug, NIC fell off the bus):
     #: a real fault, unlike an unreadable value, so the port is unusable.
     present: bool = True
+    gids: Mapping[int, str] | None = None
 
     @property
     def key(self) -> str:
@@ -63,6 +66,7 @@ class PortObservation:
             and self.counters == other.counters
             and self.errors == other.errors
             and self.present == other.present
+            and self.gids == other.gids
         )
 
 

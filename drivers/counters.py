@@ -13,7 +13,9 @@ Rules (a delta of ``None`` means "unknown", never 0):
   ``None``; it is not treated as a wrap. The stuck value stays the baseline, so a later clear
   (e.g. ``perfquery -x``) shows up as a reset;
 - lower than before: a reset (counters cleared, driver reloaded). The counter is taken to have
-  restarted at 0 and counted up since, so the delta is the new value, which is the new baseline;
+  restarted at 0 and counted up since, so the delta is the new value, which is the new baseline
+  (with ``reset_unknown=True``: ``None``, for consumers that must never act on a reset, such as
+  :mod:`linkguard.agent.health`);
 - otherwise ``new - old``.
 """
 
@@ -31,10 +33,16 @@ class CounterBaseline:
         self._base: dict[str, dict[str, int]] = {}
 
     def update(
-        self, key: str, counters: Mapping[str, int | None], saturated: frozenset[str]
+        self,
+        key: str,
+        counters: Mapping[str, int | None],
+        saturated: frozenset[str],
+        *,
+        reset_unknown: bool = False,
     ) -> dict[str, int | None]:
         """Deltas of ``counters`` since the previous ``update`` for ``key``; same keys as
-        ``counters``. Counters absent from this reading are forgotten. Never raises."""
+        ``counters``. Counters absent from this reading are forgotten. ``reset_unknown``: a
+        counter lower than before gives ``None`` instead of its new value. Never raises."""
         previous = self._base.get(key, {})
         base: dict[str, int] = {}
         deltas: dict[str, int | None] = {}
@@ -47,7 +55,8 @@ class CounterBaseline:
             if name in saturated or old is None:
                 deltas[name] = None
             elif value < old:
-                deltas[name] = value  # reset: restarted at 0, counted up to value
+                # reset: restarted at 0, counted up to value (or unknown, when asked)
+                deltas[name] = None if reset_unknown else value
             else:
                 deltas[name] = value - old
         self._base[key] = base

@@ -13,6 +13,9 @@ Consumes the kernel's RDMA sysfs ABI (Documentation/ABI/stable/sysfs-class-infin
   fails, newer ones fail the read with an errno), ``counters_ext/`` (64-bit ``*_64``, mlx4) and
   ``hw_counters/`` (driver-specific, e.g. mlx5 ``out_of_buffer``; its ``lifespan`` file is a
   setting in ms, not a counter, and is skipped)
+- ``gids/<n>``    RoCE GID table, ``%pI6`` text (``fe80:0000:...``); all-zero = an empty entry.
+  Read for Ethernet ports only, at re-discovery and when the port's state changes (a flap can
+  move GID indexes; :mod:`linkguard.agent.monitor` compares them at re-admission)
 
 Produces :class:`~linkguard.drivers.base.PortObservation` (via :func:`read_port` and
 :class:`SysfsIBSource`) and :class:`HCADescriptor` (via :func:`discover_hcas`).
@@ -26,13 +29,14 @@ Nothing here raises for one bad file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as errno_mod
 import math
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,6 +58,7 @@ __all__ = [
     "parse_phys_state",
     "parse_rate",
     "parse_state",
+    "read_gids",
     "read_port",
     "read_sysfs",
 ]
@@ -65,6 +70,9 @@ DEFAULT_ROOT = Path("/sys/class/infiniband")
 
 #: ``reader(path) -> text``: reads one sysfs attribute; raises OSError like the kernel's ``show()``.
 Reader = Callable[[str], str]
+#: ``phy_stats(netdev) -> {name: value}``: a RoCE port's netdev statistics (``ethtool -S``,
+#: :func:`linkguard.drivers.ethtool_stats.read_ethtool_stats`); raises OSError when unreadable.
+PhyStats = Callable[[str], dict[str, int]]
 
 #: Bit width of each PMA counter in the IBA PortCounters attribute (attribute ID 0x0012, IBA
 #: Specification vol. 1, 16.1.3.5 "PortCounters"), exactly as the kernel's
@@ -313,6 +321,27 @@ def _optional(reader: Reader, root: str, rel: str, errors: list[str]) -> str | N
     return text or None
 
 
+_ZERO_GID = re.compile(r"^[0:]+$")
+#: GID table entries read at most (mlx5 RoCE ports have 255; IBA allows up to 2**16)
+_MAX_GIDS = 1024
+
+
+def read_gids(root: Path, hca: str, port: int, *, reader: Reader = read_sysfs) -> dict[int, str]:
+    """The non-empty entries of ``<root>/<hca>/ports/<port>/gids/``: index -> GID text
+    (lowercased, as the kernel prints it with ``%pI6``). All-zero entries (unused), unreadable
+    ones (EINVAL for an index the port does not populate) and non-numeric names are left out;
+    at most 1024 entries. A missing ``gids/`` directory gives ``{}``. Never raises."""
+    root_s, base = str(root), f"{hca}/ports/{port}/gids"
+    ignored: list[str] = []
+    names = [n for n in _listdir(f"{root_s}/{base}", base, ignored) if n.isdigit()]
+    out: dict[int, str] = {}
+    for name in sorted(names, key=int)[:_MAX_GIDS]:
+        text = _optional(reader, root_s, f"{base}/{name}", ignored)
+        if text and not _ZERO_GID.match(text) and len(text) <= 64:
+            out[int(name)] = text.lower()
+    return out
+
+
 def _natural(name: str) -> tuple[object, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
@@ -543,13 +572,16 @@ def read_port(
     clash); values are raw: ``port_xmit_data``/``port_rcv_data`` stay in 4-octet words (IBA
     PortCounters; multiply by 4 for bytes). ``saturated`` names counters stuck at the maximum of
     their IBA width (COUNTER_WIDTHS). ``netdev`` is passed through (discovery knows it).
-    A missing counters directory is not an error (e.g. only ``hw_counters/`` present).
+    A missing counters directory is not an error (e.g. only ``hw_counters/`` present). RoCE
+    (Ethernet) ports also get their GID table in ``gids`` (:func:`read_gids`).
     Never raises for a bad file: see the module docstring for ``errors``.
     """
     root_s = str(root)
     base = _read_base(reader, root_s, hca, port)
     counters = _read_counters(reader, root_s, f"{hca}/ports/{port}") if base.present else None
-    return _observation(hca, port, now, base, counters, netdev)
+    roce = base.present and base.link_layer == LinkLayer.ETHERNET
+    obs = _observation(hca, port, now, base, counters, netdev)
+    return replace(obs, gids=read_gids(root, hca, port, reader=reader)) if roce else obs
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,8 +615,13 @@ class _Poller:
         reader: Reader,
         rediscover_s: float,
         counters_interval_s: float,
+        phy_stats: PhyStats | None = None,
     ) -> None:
         self.root = root
+        self.phy_stats = phy_stats
+        #: per RoCE port, its GID table and PHY counters at their last reading
+        self.gids: dict[str, dict[int, str]] = {}
+        self.phy: dict[str, dict[str, int]] = {}
         self.root_s = str(root)
         self.filter = frozenset(ports) if ports is not None else None
         self.reader = reader
@@ -607,6 +644,32 @@ class _Poller:
             if key not in self.logged:
                 self.logged.add(key)
                 log.warning("sysfs_bad_value", error=err, root=self.root_s, **kw)
+
+    def _roce(
+        self, obs: PortObservation, key: str, *, counters_read: bool, full: bool
+    ) -> PortObservation:
+        """A RoCE port's reading with its GID table (re-read at re-discovery and when state or
+        phys_state changed) and, with ``phy_stats``, its netdev's PHY counters (``*_phy``,
+        re-read with the counters; u64, saturated only at 2**64 - 1). An unreadable netdev
+        is logged once and adds nothing (missing counters, never 0). Other ports: unchanged."""
+        if obs.link_layer != LinkLayer.ETHERNET:
+            return obs
+        prev = self.last.get(key)
+        moved = prev is None or (prev.state, prev.phys_state) != (obs.state, obs.phys_state)
+        if full or moved or key not in self.gids:
+            self.gids[key] = read_gids(self.root, obs.hca, obs.port, reader=self.reader)
+        if self.phy_stats is not None and obs.netdev and (counters_read or key not in self.phy):
+            from linkguard.drivers.ethtool_stats import phy_counters
+
+            try:
+                self.phy[key] = phy_counters(self.phy_stats(obs.netdev))
+            except (OSError, ValueError) as exc:
+                self.phy[key] = {}
+                self._log_errors([f"{obs.netdev}/ethtool-S: {exc}"], port=key)
+        phy = self.phy.get(key, {})
+        counters = {**phy, **obs.counters}  # sysfs names win a clash (none known)
+        saturated = obs.saturated | {n for n, v in phy.items() if v == _U64_MAX}
+        return replace(obs, counters=counters, saturated=saturated, gids=dict(self.gids[key]))
 
     def _peek(self, hca: str, port: int, name: str) -> str | None:
         """The raw text of one port attribute, None when it cannot be read (the full reading
@@ -631,9 +694,14 @@ class _Poller:
         self.names = names
         self.discovered_at = now
 
-    def poll(self, now: float) -> list[PortObservation]:
+    def poll(self, now: float, only: frozenset[str] | None = None) -> list[PortObservation]:
         """Read every port; return the observations whose reading changed since the last poll
-        (everything on the first call), including "removed" observations for vanished ports."""
+        (everything on the first call), including "removed" observations for vanished ports.
+
+        ``only``: re-read just the ports of these HCAs (an async event named them), and each of
+        them in full (state, phys_state, rate, link layer: a LID/GID/speed change need not
+        change ``state``); counters are reused and nothing else is rediscovered unless the
+        class directory's names changed."""
         try:
             names = frozenset(os.listdir(self.root_s))
         except (FileNotFoundError, NotADirectoryError):
@@ -644,16 +712,20 @@ class _Poller:
         except OSError as exc:  # transient: keep what we know
             self._log_errors([f"{self.root_s}: {_errno_text(exc)}"])
             names = self.names if self.names is not None else frozenset()
-        rediscovered = names != self.names or now - self.discovered_at >= self.rediscover_s
+        rediscovered = names != self.names or (
+            only is None and now - self.discovered_at >= self.rediscover_s
+        )
         if rediscovered:
             self._discover(now, names)
 
-        read_counters = now - self.counters_at >= self.counters_interval_s
+        read_counters = only is None and now - self.counters_at >= self.counters_interval_s
         if read_counters:
             self.counters_at = now
         changed: list[PortObservation] = []
         seen: set[str] = set()
         for d in self.hcas.values():
+            if only is not None and d.hca not in only:
+                continue
             for p in d.ports:
                 key = f"{d.hca}/{p}"
                 if self.filter is not None and key not in self.filter:
@@ -664,7 +736,8 @@ class _Poller:
                 # (rate and link layer change with a retrain, which changes them; any other
                 # change shows at the next full reading). Halves the reads per poll.
                 raw = (self._peek(d.hca, p, "state"), self._peek(d.hca, p, "phys_state"))
-                if not (read_counters or rediscovered) and raw == self.raw.get(key):
+                full = read_counters or rediscovered or only is not None
+                if not full and raw == self.raw.get(key):
                     continue
                 self.raw[key] = raw
                 base = _read_base(self.reader, self.root_s, d.hca, p)
@@ -674,6 +747,9 @@ class _Poller:
                         counters = _read_counters(self.reader, self.root_s, f"{d.hca}/ports/{p}")
                         self.counters[key] = counters
                     obs = _observation(d.hca, p, now, base, counters, d.netdevs.get(p))
+                    obs = self._roce(
+                        obs, key, counters_read=read_counters, full=rediscovered or only is not None
+                    )  # an event (GID_CHANGE...) re-reads the GID table too
                 else:  # removed between discovery and this read: reported like a removal
                     obs = _removed(d.hca, p, now)
                 if not obs.same_reading(self.last.get(key)):
@@ -681,9 +757,13 @@ class _Poller:
                     self._log_errors(obs.errors, port=key)
                 self.last[key] = obs
         for key in sorted(self.last.keys() - seen, key=_natural):
+            if only is not None and self.last[key].hca not in only:
+                continue
             gone = self.last.pop(key)
             self.counters.pop(key, None)
             self.raw.pop(key, None)
+            self.gids.pop(key, None)
+            self.phy.pop(key, None)
             obs = _removed(gone.hca, gone.port, now)
             if not obs.same_reading(gone):
                 changed.append(obs)
@@ -699,6 +779,8 @@ class SysfsIBSource:
     them), the last counter values are reused in between. ``rediscover_s`` (s, default 5.0):
     full re-discovery period; a device appearing/disappearing in the class directory is picked
     up on the next poll anyway. ``reader`` reads one attribute (tests inject errors with it).
+    ``phy_stats``: reads a RoCE port's netdev PHY counters with each counter reading
+    (:func:`linkguard.drivers.ethtool_stats.read_ethtool_stats`; None: not read).
     """
 
     def __init__(
@@ -710,6 +792,7 @@ class SysfsIBSource:
         counters_interval_s: float = 1.0,
         rediscover_s: float = 5.0,
         reader: Reader = read_sysfs,
+        phy_stats: PhyStats | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -719,11 +802,26 @@ class SysfsIBSource:
         self.counters_interval_s = counters_interval_s
         self.rediscover_s = rediscover_s
         self.reader = reader
+        self.phy_stats = phy_stats
+        self._wanted: set[str] = set()
+        self._poke: asyncio.Event | None = None  # made by watch(), in its event loop
+        #: targeted re-reads done (:meth:`poll_now` requests coalesce into one each)
+        self.rereads = 0
+
+    def poll_now(self, hcas: Iterable[str]) -> None:
+        """Re-read every port of ``hcas`` now instead of at the next ``interval_s`` tick (an
+        async event said something changed on these devices). Requests made before the re-read
+        runs coalesce into one; HCAs not watched are simply not found. The regular polls go on
+        as before: this only adds reads. Call from the event loop's thread."""
+        self._wanted.update(hcas)
+        if self._poke is not None:
+            self._poke.set()
 
     async def watch(self) -> AsyncIterator[list[PortObservation]]:
         """First a full snapshot (``[]`` when the RDMA stack is not loaded), then every
         ``interval_s`` the ports whose reading changed (no yield when nothing changed). A removed
         device's ports come once with ``state=None`` and an ``ENOENT (device removed)`` error.
+        A :meth:`poll_now` request adds one re-read of its HCAs' ports between the ticks.
         Reads run in a worker thread. Runs until cancelled."""
         poller = _Poller(
             root=self.root,
@@ -731,12 +829,25 @@ class SysfsIBSource:
             reader=self.reader,
             rediscover_s=self.rediscover_s,
             counters_interval_s=self.counters_interval_s,
+            phy_stats=self.phy_stats,
         )
+        poke = self._poke = asyncio.Event()
         next_at = time.monotonic()
         yield await asyncio.to_thread(poller.poll, next_at)
+        if self._wanted:  # asked for before the watch began
+            poke.set()
         while True:
             next_at = max(next_at + self.interval_s, time.monotonic())
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            while (delay := next_at - time.monotonic()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(poke.wait(), delay)
+                poke.clear()
+                wanted, self._wanted = frozenset(self._wanted), set()
+                if wanted:  # poll_now(): these HCAs at once
+                    self.rereads += 1
+                    changed = await asyncio.to_thread(poller.poll, time.monotonic(), wanted)
+                    if changed:
+                        yield changed
             changed = await asyncio.to_thread(poller.poll, time.monotonic())
             if changed:
                 yield changed

@@ -26,6 +26,13 @@ sysfs          ``drivers.sysfs_ib.discover_hcas`` and           none: never rais
                ``PortState`` (``agent.monitor.PortMonitor``)
                that the service decodes
 ibnetdiscover  ``topology.ibnetdiscover.import_ibnetdiscover``  FabricImportError
+nccl_topo      ``layout.parse_nccl_topo`` (each GPU's nearest   LayoutError (parse);
+               NICs a permutation of the NICs, nearest first;   TopologyFileError (render)
+               ``layoutview`` renderings) and
+               ``nccl.render_topology`` with some NICs
+               unusable; a rendered file renders again and, if
+               the input parsed, parses to the same GPUs and a
+               subset of the NICs
 scenario       ``simulations.scenario.load_scenario`` +         ScenarioError
                ``expand``
 config         ``config.load_settings`` (AgentSettings or       ConfigError
@@ -40,7 +47,8 @@ bus            a running topology service and two agents on an  none may escape 
 
 Seeds (:func:`seeds`) come from the real captures in ``../shared/fixtures/real`` (or
 ``$LINKGUARD_FIXTURES``: sysfs trees, ibnetdiscover and ibsim dumps), the shipped scenarios,
-and messages and settings built from a generated fabric.
+and messages and settings built from a generated fabric; NCCL topology files from
+``aws-ofi-nccl`` (p4d, p5), read as they are.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from typing import Any
 
 __all__ = [
     "BAD_MESSAGE_REASONS",
+    "NCCL_TOPO_FILES",
     "SYSFS_ACTIONS",
     "SYSFS_ERRNOS",
     "SYSFS_TREES",
@@ -77,6 +86,7 @@ __all__ = [
     "fuzz_signer",
     "ibnetdiscover",
     "linkguard_env",
+    "nccl_topo",
     "read_tree",
     "samples",
     "scenario",
@@ -593,6 +603,90 @@ def _ibnetdiscover_seeds() -> list[bytes]:
 
 
 # --------------------------------------------------------------------------------------------
+# nccl_topo
+
+#: The real NCCL topology files (``aws-ofi-nccl/topology``, see SOURCES.md there).
+NCCL_TOPO_FILES = ("aws-ofi-nccl/p4d-24xl-topo.xml", "aws-ofi-nccl/p5.48xl-topo.xml")
+
+#: Unusable ports given to ``render_topology`` when the input does not parse as a layout: names
+#: and a bus id of the real files, so that mutated files still have something to remove.
+_FIXED_UNUSABLE = (("rdmap79s0", 1, None), ("mlx5_0", 1, None), ("nic", 1, "0000:10:1b.0"))
+
+
+def _verdict(hca: str, port: int, bdf: str | None, usable: bool) -> Any:
+    from linkguard.nccl import PortVerdict
+
+    return PortVerdict(
+        hca=hca,
+        port=port,
+        rail=0,
+        link_layer="infiniband",
+        numa_node=None,
+        pcie_switch=None,
+        pci_address=bdf,
+        usable=usable,
+        why=None if usable else "down",
+        rate_gbps=None,
+        expected_gbps=None,
+    )
+
+
+def nccl_topo(data: bytes) -> None:
+    """The bytes as an NCCL topology file: parsed to a host layout, and rendered without the
+    NICs the input's CRC-32 picks (bit i: NIC i unusable)."""
+    import zlib
+
+    import yaml
+
+    from linkguard.layout import LayoutError, parse_nccl_topo
+    from linkguard.layoutview import fabric_fragment, layout_document, layout_text
+    from linkguard.nccl import TopologyFileError, render_topology
+
+    try:
+        layout = parse_nccl_topo(data, source="fuzz")
+    except LayoutError:
+        layout = None
+    if layout is not None:
+        for g in layout.gpus:
+            near = layout.nearest_nics(g)
+            assert sorted(n.index for n in near) == sorted(n.index for n in layout.nics)
+            ranks = [layout.affinity(g, n) for n in near]
+            assert ranks == sorted(ranks), ranks
+        json.dumps(layout_document(layout))
+        layout_text(layout)
+        try:
+            yaml.safe_dump(fabric_fragment(layout))
+        except LayoutError:  # a GPU index beyond a fabric file's 64
+            assert max(g.index for g in layout.gpus) >= 64
+        mask = zlib.crc32(data)
+        verdicts = [
+            _verdict(n.name or "nic", n.port or 1, n.bdf, not (mask >> (i % 32)) & 1)
+            for i, n in enumerate(layout.nics)
+        ]
+    else:
+        verdicts = [_verdict(h, p, b, False) for h, p, b in _FIXED_UNUSABLE]
+    try:
+        out = render_topology(data, verdicts, name="fuzz")
+    except TopologyFileError:
+        return
+    again = render_topology(out.xml, [], name="rendered")  # what we write, we read
+    assert again.removed == () and again.nics == out.nics, (again.nics, out.nics)
+    if layout is not None:
+        try:
+            after = parse_nccl_topo(out.xml, source="rendered")
+        except LayoutError as exc:
+            raise AssertionError(f"a parsed file no longer parses once rendered: {exc}") from None
+        assert [g.bdf for g in after.gpus] == [g.bdf for g in layout.gpus]
+        before = {(n.name, n.port, n.bdf) for n in layout.nics}
+        assert {(n.name, n.port, n.bdf) for n in after.nics} <= before
+
+
+def _nccl_topo_seeds() -> list[bytes]:
+    fx = fixtures_dir()
+    return [(fx / name).read_bytes() for name in NCCL_TOPO_FILES]
+
+
+# --------------------------------------------------------------------------------------------
 # scenario
 
 
@@ -793,6 +887,7 @@ TARGETS: dict[str, Target] = {
         Target("envelopes", envelopes, _envelope_seeds, "signed plans: signing.unwrap"),
         Target("sysfs", sysfs, _sysfs_seeds, "drivers.sysfs_ib on mutated real sysfs trees"),
         Target("ibnetdiscover", ibnetdiscover, _ibnetdiscover_seeds, "ibnetdiscover import"),
+        Target("nccl_topo", nccl_topo, _nccl_topo_seeds, "NCCL topology XML: parse + render"),
         Target("scenario", scenario, _scenario_seeds, "scenario files: load_scenario + expand"),
         Target("config", config, _config_seeds, "agent/service settings: YAML + environment"),
         Target("bus", bus, _bus_seeds, "a live service and two agents on an in-memory bus"),

@@ -1,17 +1,26 @@
 """The MQTT bus adapter: the only module that imports the MQTT client (aiomqtt 2.x).
 
-Consumes: a broker address, optional TLS parameters (:class:`TlsConfig`) and credentials,
-and the topics to subscribe to. Produces: decoded-later raw messages to a handler, and
-publishes (QoS 1). Uses MQTT 3.1.1 only, so Mosquitto and the embedded amqtt broker both work.
+Consumes: a broker address or a list of them (the nodes of a broker cluster), optional TLS
+parameters (:class:`TlsConfig`) and credentials, and the topics to subscribe to. Produces:
+decoded-later raw messages to a handler, and publishes (QoS 1). Uses MQTT 3.1.1 only, so
+Mosquitto, NATS's MQTT listener and the embedded amqtt broker all work.
 The connection is kept by :meth:`Bus.run`: on any error it waits a jittered exponential
 backoff (min..max, full jitter) and reconnects, resubscribes and calls ``on_connect`` (which
-re-publishes current state, so a broker outage never replays stale state).
+re-publishes current state, so a broker outage never replays stale state). With several
+brokers each failed attempt or lost connection moves to the next one, round robin
+(``bus_connected broker=host:port`` says where the session is); the last will goes with
+every connection.
 
-A broker that refuses the credentials (CONNACK 4/5), a TLS failure and a subscription the
-broker's ACL refuses (SUBACK 0x80) are logged as errors with what to check
-(``bus_refused``, ``bus_subscription_refused``) and kept in :attr:`Bus.last_error`; the
-password is never logged. Under MQTT 3.1.1 a publish the ACL forbids is acknowledged and
-silently dropped by Mosquitto: the publisher cannot tell.
+The bus reports connected only once every subscription is granted: a SUBACK refusal (0x80:
+the broker's ACL, or a NATS node that cannot create the subscription's JetStream consumer
+while the cluster's Raft groups re-elect after a node died) is logged
+(``bus_subscription_refused``), counted (:attr:`Bus.subscriptions_refused`) and retried in
+the same session with the backoff (the granted ones kept); when a whole round is refused
+after ``timeout_s`` without any granted, the session is dropped and the next broker tried.
+So the bus is never connected but deaf. A broker that refuses the credentials (CONNACK 4/5)
+and a TLS failure are logged as errors with what to check (``bus_refused``) and kept in
+:attr:`Bus.last_error`; the password is never logged. Under MQTT 3.1.1 a publish the ACL
+forbids is acknowledged and silently dropped by Mosquitto: the publisher cannot tell.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from pathlib import Path
 import aiomqtt
 import structlog
 
-__all__ = ["Bus", "BusConnectTimeout", "BusMessage", "TlsConfig", "Will"]
+__all__ = ["Bus", "BusConnectTimeout", "BusMessage", "SubscriptionRefused", "TlsConfig", "Will"]
 
 log = structlog.get_logger(__name__)
 
@@ -160,6 +169,21 @@ def _failed(granted: object) -> bool:
     return isinstance(value, int) and value >= 0x80
 
 
+_SUB_REFUSED_HINT = (
+    "the broker's ACL does not let this user read them, or (NATS) JetStream cannot create "
+    "their consumers yet (after a node died, until its Raft groups have new leaders: /jsz)"
+)
+
+
+class SubscriptionRefused(aiomqtt.MqttError):
+    """The broker kept refusing subscriptions (SUBACK 0x80) for ``timeout_s``: the session is
+    dropped and the next broker tried. ``topics``: the refused filters."""
+
+    def __init__(self, topics: list[str], broker: str) -> None:
+        super().__init__(f"subscription refused by {broker}: {', '.join(topics)}")
+        self.topics = topics
+
+
 class Bus:
     """One MQTT session that reconnects by itself.
 
@@ -167,18 +191,23 @@ class Bus:
     drops the message) while disconnected: callers re-publish their current state from
     ``on_connect``. Raises nothing on broker failures; they are logged and retried, and the
     last one is kept in :attr:`last_error` (None once connected).
-    ``subscriptions``: topic filters, subscribed at QoS 1, or (filter, QoS) pairs.
+    ``subscriptions``: topic filters, subscribed at ``subscribe_qos`` (0 or 1, default 1),
+    or (filter, QoS) pairs.
     ``tls``: connect with TLS (None: plain TCP). ``username``/``password``: MQTT credentials
-    (the password is never logged).
+    (the password is never logged). ``brokers``: (host, port) of each broker to use, tried in
+    turn (round robin) after each failed attempt or lost connection; empty: ``host``/``port``
+    only. ValueError when neither is given or a port is outside 1..65535.
     """
 
     def __init__(
         self,
         *,
-        host: str,
-        port: int,
+        host: str | None = None,
+        port: int | None = None,
         client_id: str,
+        brokers: Sequence[tuple[str, int]] = (),
         subscriptions: Sequence[str | tuple[str, int]] = (),
+        subscribe_qos: int = 1,
         handler: Handler | None = None,
         on_connect: Callable[[], Awaitable[None]] | None = None,
         will: Will | None = None,
@@ -190,10 +219,22 @@ class Bus:
         reconnect_max_s: float = 10.0,
         timeout_s: float = 10.0,
     ) -> None:
-        self._host = host
-        self._port = port
+        if brokers:
+            self._brokers = [(str(h), int(p)) for h, p in brokers]
+        elif host is not None and port is not None:
+            self._brokers = [(host, port)]
+        else:
+            raise ValueError("Bus needs host and port, or brokers")
+        for h, p in self._brokers:
+            if not h or not 1 <= p <= 65535:
+                raise ValueError(f"bad broker address {h!r}:{p} (host:port, port 1..65535)")
+        self._at = 0  # index in _brokers of the current (or next) broker
         self._client_id = client_id
-        self._subscriptions = list(subscriptions)
+        if subscribe_qos not in (0, 1):
+            raise ValueError(f"subscribe_qos {subscribe_qos!r}: 0 or 1")
+        self._subscriptions = [
+            (sub, subscribe_qos) if isinstance(sub, str) else sub for sub in subscriptions
+        ]
         self._handler = handler
         self._on_connect = on_connect
         self._will = will
@@ -213,14 +254,36 @@ class Bus:
         self.last_hint: str | None = None
         #: the last failure was a refusal (credentials, TLS), not a network or broker outage
         self.last_refused = False
-        #: subscription filters the broker refused on the last connect (its ACL)
+        #: subscription filters the broker refused on the last SUBACK (empty: all granted)
         self.refused_subscriptions: list[str] = []
-        if password is not None and tls is None and host not in ("127.0.0.1", "::1", "localhost"):
+        #: SUBACK refusals (0x80) since start, one per refused filter and attempt
+        self.subscriptions_refused = 0
+        #: times the bus moved on to another broker of the list after a failure
+        self.failovers = 0
+        remote = [
+            f"{h}:{p}" for h, p in self._brokers if h not in ("127.0.0.1", "::1", "localhost")
+        ]
+        if password is not None and tls is None and remote:
             log.warning(
                 "bus_credentials_in_clear",
-                broker=f"{host}:{port}",
+                broker=",".join(remote),
                 hint="the password crosses the network unencrypted: set bus.tls: true",
             )
+
+    @property
+    def client_id(self) -> str:
+        return self._client_id
+
+    @property
+    def broker(self) -> str:
+        """``host:port`` of the broker connected to (while connected) or tried next."""
+        host, port = self._brokers[self._at]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def brokers(self) -> list[str]:
+        """Every broker of the list, ``host:port``, in the order they are tried."""
+        return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self._brokers]
 
     async def __aenter__(self) -> Bus:
         self._task = asyncio.create_task(self.run(), name=f"bus:{self._client_id}")
@@ -243,9 +306,9 @@ class Bus:
         except TimeoutError:
             why = self.last_error or "no answer yet"
             hint = f"; {self.last_hint}" if self.last_hint else ""
+            where = " or ".join(self.brokers)
             raise BusConnectTimeout(
-                f"not connected to the MQTT broker at {self._host}:{self._port} within "
-                f"{timeout:g} s: {why}{hint}",
+                f"not connected to the MQTT broker at {where} within {timeout:g} s: {why}{hint}",
                 error=self.last_error,
                 hint=self.last_hint,
                 refused=self.last_refused,
@@ -263,12 +326,7 @@ class Bus:
             await client.publish(topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError as exc:
             _reraise_lost_cancel()
-            log.warning(
-                "bus_publish_failed",
-                topic=topic,
-                error=str(exc),
-                broker=f"{self._host}:{self._port}",
-            )
+            log.warning("bus_publish_failed", topic=topic, error=str(exc), broker=self.broker)
             return False
         _reraise_lost_cancel()
         return True
@@ -283,8 +341,61 @@ class Bus:
         except OSError as exc:  # ssl.SSLError included
             raise aiomqtt.MqttError(f"TLS files: {exc}") from None
 
+    def _delay(self, attempt: int) -> float:
+        """Full-jitter exponential backoff (s) before attempt number ``attempt`` (1, 2, ...)."""
+        lo, hi = self._backoff
+        return random.uniform(lo, min(hi, lo * 2**attempt))
+
+    async def _subscribe_all(self, client: aiomqtt.Client) -> None:
+        """Subscribe every filter; retry the refused ones (SUBACK 0x80) in the same session,
+        with the backoff, keeping those granted. Raises :class:`SubscriptionRefused` when a
+        whole round was refused and none was granted for ``timeout_s`` (the next broker may do
+        better). A NATS node answers a refused QoS 1 SUBSCRIBE after its 4 s JetStream API
+        timeout, so one round of n refusals takes 4n s there."""
+        loop = asyncio.get_running_loop()
+        progress_at = loop.time()
+        pending = list(self._subscriptions)
+        tries = 0
+        while pending:
+            denied = []
+            for topic, qos in pending:
+                granted = await client.subscribe(topic, qos=qos)
+                _reraise_lost_cancel()
+                if any(_failed(g) for g in granted or ()):
+                    denied.append((topic, qos))
+            self.refused_subscriptions = [t for t, _ in denied]
+            if not denied:
+                return
+            if len(denied) < len(pending):
+                progress_at = loop.time()
+            self.subscriptions_refused += len(denied)
+            tries += 1
+            delay = self._delay(tries)
+            if len(denied) == len(pending) and loop.time() + delay - progress_at > self._timeout:
+                log.error(
+                    "bus_subscription_refused",
+                    broker=self.broker,
+                    client_id=self._client_id,
+                    topics=self.refused_subscriptions,
+                    tries=tries,
+                    hint=_SUB_REFUSED_HINT,
+                    then="reconnecting",
+                )
+                raise SubscriptionRefused(self.refused_subscriptions, self.broker)
+            log.warning(
+                "bus_subscription_refused",
+                broker=self.broker,
+                client_id=self._client_id,
+                topics=self.refused_subscriptions,
+                tries=tries,
+                retry_in_s=round(delay, 2),
+            )
+            await asyncio.sleep(delay)
+            pending = denied
+
     async def run(self) -> None:
-        """Connect, subscribe, dispatch; reconnect forever with jittered backoff."""
+        """Connect, subscribe, dispatch; reconnect forever with jittered backoff, moving to the
+        next broker of the list after each failure."""
         attempt = 0
         while True:
             will = (
@@ -292,10 +403,11 @@ class Bus:
                 if self._will
                 else None
             )
+            host, port = self._brokers[self._at]
             try:
                 async with aiomqtt.Client(
-                    self._host,
-                    self._port,
+                    host,
+                    port,
                     identifier=self._client_id,
                     username=self._username,
                     password=self._password,
@@ -312,21 +424,7 @@ class Bus:
                     # calls awaiting their PUBACKs): expected, not worth aiomqtt's warning at 10
                     client.pending_calls_threshold = PENDING_CALLS_WARN
                     self._client = client
-                    denied: list[str] = []
-                    for sub in self._subscriptions:
-                        topic, qos = (sub, 1) if isinstance(sub, str) else sub
-                        granted = await client.subscribe(topic, qos=qos)
-                        if any(_failed(g) for g in granted or ()):
-                            denied.append(topic)
-                    self.refused_subscriptions = denied
-                    if denied:
-                        log.error(
-                            "bus_subscription_refused",
-                            broker=f"{self._host}:{self._port}",
-                            client_id=self._client_id,
-                            topics=denied,
-                            hint="the broker's ACL does not let this user read them",
-                        )
+                    await self._subscribe_all(client)
                     self.connected.set()
                     self.connects += 1
                     self.last_error = self.last_hint = None
@@ -334,7 +432,7 @@ class Bus:
                     attempt = 0
                     log.info(
                         "bus_connected",
-                        broker=f"{self._host}:{self._port}",
+                        broker=self.broker,
                         client_id=self._client_id,
                         connects=self.connects,
                     )
@@ -359,16 +457,23 @@ class Bus:
                     # disconnect timed out): we are stopping, not reconnecting.
                     raise asyncio.CancelledError from exc
                 attempt += 1
-                lo, hi = self._backoff
-                delay = random.uniform(lo, min(hi, lo * 2**attempt))
-                self.last_error, self.last_hint, refused = _explain(exc, tls=self._tls is not None)
+                delay = self._delay(attempt)
+                if isinstance(exc, SubscriptionRefused):
+                    self.last_error, self.last_hint, refused = str(exc), _SUB_REFUSED_HINT, False
+                else:
+                    tls = self._tls is not None
+                    self.last_error, self.last_hint, refused = _explain(exc, tls=tls)
                 self.last_refused = refused
                 fields = {
-                    "broker": f"{self._host}:{self._port}",
+                    "broker": self.broker,
                     "error": self.last_error,
                     "retry_in_s": round(delay, 2),
                     "attempt": attempt,
                 }
+                if len(self._brokers) > 1:
+                    self._at = (self._at + 1) % len(self._brokers)
+                    self.failovers += 1
+                    fields["next_broker"] = self.broker
                 if self.last_hint is not None:
                     fields["hint"] = self.last_hint
                 if refused:

@@ -15,6 +15,9 @@
   linkguard sim lab                replay a scenario on network namespaces (real kernel, agents)
   linkguard report                 the interruption report of a ledger (text, JSON, CSV)
   linkguard keys generate          the service's Ed25519 key pair for signed plans
+  linkguard rails follow           stream this host's rail map from the agent's Unix socket
+  linkguard nccl env               NCCL settings for jobs starting now (usable ports, fused NICs)
+  linkguard layout                 this host's GPU-NIC layout (PCIe switch, NUMA) from sysfs or XML
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
 faults``: broker unreachable), 2 bad usage or configuration.
@@ -148,6 +151,7 @@ _GENERATOR_DEFAULTS = {
     "management_hosts_per_su": 0,
     "spines_per_su": 4,
     "core": None,
+    "rails_per_pcie_switch": 0,
 }
 
 
@@ -199,6 +203,16 @@ def _add_generator_options(p: argparse.ArgumentParser, *, defaults: bool) -> Non
         help="core tier above the spines (default: added when two tiers cannot be cabled, i.e. "
         "SUs x spines-per-SU exceeds a leaf's uplinks (max of hosts-per-SU and spines-per-SU): "
         "from 9 SUs at the default sizes; and always from 16 SUs)",
+    )
+    g.add_argument(
+        "--rails-per-pcie-switch",
+        type=_positive(int, lo=0, hi=64),
+        default=d("rails_per_pcie_switch"),
+        metavar="K",
+        help="put the HCAs of K consecutive rails, and the GPUs homed on them, on one PCIe "
+        "switch (pcie0, pcie1, ...; the solver's first preference for alternates), e.g. 2 "
+        "for DGX A100-like hosts; with the NUMA split K must divide rails/2 (default 0: no "
+        "switch ids)",
     )
 
 
@@ -564,6 +578,65 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=_positive(int, lo=1, hi=65535), default=1883)
     b.add_argument("--log-format", choices=["json", "console"], default="console")
 
+    nc = sub.add_parser("nccl", help="NCCL settings for jobs from the host's current plan")
+    ncsub = nc.add_subparsers(dest="nccl_command", required=True, metavar="SUBCOMMAND")
+    ne = ncsub.add_parser(
+        "env",
+        help="NCCL_IB_HCA of the usable ports (and the fused-NIC failover settings)",
+        description="Print the NCCL settings for jobs starting now on a host: NCCL_IB_HCA "
+        "with the usable ports only (held-down, suppressed, down and degraded ones left out; "
+        "exact names, =mlx5_0:1,...), NCCL_TOPO_FILE when the agent renders one, or with "
+        "--profile failover the fused-NIC layout for NCCL >= 2.29.7's port failover. Without "
+        "--host: what this host's agent wrote next to its rail map (nccl.json). With --host: "
+        "rendered from the topology service's API (its plan and port states of that host).",
+        epilog="Exit codes: 0 done, 1 nothing rendered yet or the service unreachable, 2 bad "
+        "arguments or configuration, an unknown host. Warnings (a fused NIC that already lost "
+        "a port) go to stderr with --format env/shell. Use: set -a; . /run/linkguard/nccl.env; "
+        'or eval "$(linkguard nccl env --format shell)".',
+    )
+    ne.add_argument(
+        "-c", "--config", type=Path, help="the agent's YAML config (where its files are)"
+    )
+    ne.add_argument("--host", type=_nonempty, help="ask the topology service about host H")
+    ne.add_argument(
+        "--api",
+        default="http://127.0.0.1:8470",
+        metavar="URL",
+        help="the topology service's API (with --host; default http://127.0.0.1:8470)",
+    )
+    ne.add_argument("--format", choices=["env", "json", "shell"], default="env")
+    ne.add_argument(
+        "--profile",
+        choices=["plain", "failover"],
+        default="plain",
+        help="plain: NCCL_IB_HCA (+ NCCL_TOPO_FILE); failover: fused NICs with port failover",
+    )
+
+    lay = sub.add_parser(
+        "layout",
+        help="this host's GPU-NIC layout: PCIe switch, NUMA node, nearest NICs",
+        description="Print which NIC sits near which GPU on this host, read from the PCI "
+        "sysfs tree (ROOT/bus/pci/devices) or from an NCCL topology file (NCCL_TOPO_FILE "
+        "XML): each GPU with its PCI bus id, NUMA node and PCIe switch, and every NIC nearest "
+        "first with its affinity (switch: same PCIe switch; numa: same NUMA node; any). "
+        "--format fabric prints the host entry's pcie_switch per HCA and gpu_pcie_switch "
+        "(YAML) to paste into a fabric file.",
+        epilog="Exit codes: 0 printed, 1 no GPU found (no layout to print), 2 an NCCL "
+        "topology file that cannot be read or used.",
+    )
+    lay.add_argument(
+        "--sysfs",
+        type=Path,
+        default=Path("/"),
+        metavar="ROOT",
+        help="root the PCI tree is read under: ROOT/sys/bus/pci/devices, or ROOT/bus/pci/"
+        "devices when ROOT is a sysfs mount (default /)",
+    )
+    lay.add_argument(
+        "--nccl-topo", type=Path, metavar="FILE", help="read an NCCL topology XML instead"
+    )
+    lay.add_argument("--format", choices=["text", "json", "fabric"], default="text")
+
     k = sub.add_parser("keys", help="signing keys for plans (Ed25519)")
     ksub = k.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
     kg = ksub.add_parser(
@@ -577,6 +650,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kg.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
     kg.add_argument("--force", action="store_true", help="replace an existing key pair")
+
+    ra = sub.add_parser("rails", help="this host's rail map, from the agent's local socket")
+    rasub = ra.add_subparsers(dest="rails_command", required=True, metavar="SUBCOMMAND")
+    rf = rasub.add_parser(
+        "follow",
+        help="print the current rail map, then every change, one JSON line each",
+        description="Connect to the agent's rails_socket (linkguard.agent.localsub; no broker "
+        "credentials needed, only access to the socket: mode 0660, rails_socket_group) and "
+        "print what it sends: the current rail map, then each change as it happens, one "
+        'linkguard.rail-change/v1 JSON document per line ("kind": current / change / error).',
+        epilog="Exit codes: 0 after --count lines, 1 the agent closed the connection or cut "
+        "this reader for falling behind (reconnect to resume), 2 no socket there or no "
+        "permission, or a bad configuration.",
+    )
+    rf.add_argument("--socket", type=Path, metavar="PATH", help="default: the config's")
+    rf.add_argument("-c", "--config", type=Path, help="the agent's YAML config (rails_socket)")
+    rf.add_argument(
+        "--count",
+        type=_positive(int, lo=1, hi=10**9),
+        metavar="N",
+        help="stop after N lines (1: just the current rail map)",
+    )
 
     sim = sub.add_parser("sim", help="fault-injection simulations driven by scenario files")
     simsub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
@@ -824,8 +919,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         return _report(args)
 
+    if args.command == "nccl":
+        return _nccl_env(args)
+
     if args.command == "keys":
         return _keys(args)
+
+    if args.command == "layout":
+        return _layout(args)
+
+    if args.command == "rails":
+        return _rails_follow(args)
 
     if args.command == "sim":
         handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
@@ -932,6 +1036,52 @@ def _fabric(args: argparse.Namespace) -> int:
     return _write(args.output, text)
 
 
+def _layout(args: argparse.Namespace) -> int:
+    """``layout``: the host layout (:mod:`linkguard.layout`) as text, JSON or a fabric-file
+    fragment; exit 1 without GPUs, 2 for an NCCL file that cannot be used."""
+    from linkguard.layout import LayoutError
+    from linkguard.layoutview import fabric_fragment, layout_document, layout_text
+
+    if args.nccl_topo is not None:
+        from linkguard.layout import load_nccl_topo
+
+        try:
+            layout = load_nccl_topo(args.nccl_topo)
+        except LayoutError as exc:
+            return _fail(str(exc), 2)
+    else:
+        from linkguard.drivers.pci import read_pci_layout
+        from linkguard.logs import configure_logging
+
+        configure_logging("console", "error")  # unreadable values are listed in the output
+        root = args.sysfs
+        if not (root / "bus" / "pci").is_dir() and (root / "sys" / "bus" / "pci").is_dir():
+            root = root / "sys"
+        layout = read_pci_layout(root)
+    if not layout.gpus:
+        where = layout.source or str(args.sysfs)
+        return _fail(
+            f"no GPU found in {where} ({len(layout.nics)} RDMA NIC(s)): nothing to lay out; "
+            "give --nccl-topo FILE or --sysfs ROOT of a GPU host",
+            1,
+        )
+    if args.format == "json":
+        import json
+
+        text = json.dumps(layout_document(layout), indent=1) + "\n"
+    elif args.format == "fabric":
+        import yaml
+
+        try:
+            text = yaml.safe_dump(fabric_fragment(layout), sort_keys=False)
+        except LayoutError as exc:
+            return _fail(str(exc), 2)
+    else:
+        text = layout_text(layout)
+    sys.stdout.write(text)
+    return 0
+
+
 def _write(output: Path | None, text: str) -> int:
     """``text`` to ``output`` or stdout; 0, or 1 when the file cannot be written."""
     if not output:
@@ -1023,7 +1173,7 @@ def _faults(args: argparse.Namespace) -> int:
             return _fail(f"{exc} (checked against {source}); nothing published", 2)
     # the bus logs every failed connection attempt; one message below says it once
     configure_logging("console", "error")
-    where = f"{bus.host}:{bus.port}"
+    where = " or ".join(f"{h}:{p}" for h, p in bus.broker_addresses())
     topic = topics.fabric_faults()
     try:
         confirmed = asyncio.run(
@@ -1076,9 +1226,18 @@ async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     # the bus retries a refused connection until the timeout: one plain TCP connection first
-    # makes "nothing listens there" fail at once (an unresponsive broker still times out)
-    _, writer = await asyncio.wait_for(asyncio.open_connection(bus.host, bus.port), timeout)
-    writer.close()
+    # makes "nothing listens there" fail at once (an unresponsive broker still times out);
+    # with a broker list, the first that accepts will do
+    addresses = bus.broker_addresses()
+    for i, (host, port) in enumerate(addresses):
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except OSError:
+            if i == len(addresses) - 1:
+                raise
+            continue
+        writer.close()
+        break
     async with Bus(
         **bus.connection(),
         client_id=f"linkguard-cli-{os.getpid()}-{secrets.token_hex(4)}",
@@ -1309,6 +1468,103 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nccl_env(args: argparse.Namespace) -> int:
+    """``nccl env``: this host's agent's ``nccl.json`` (:class:`linkguard.nccl.NcclFiles`), or
+    with ``--host`` a rendering from the service's ``GET /api/v1/hosts/{host}``; printed as
+    KEY=VALUE lines, ``export`` lines or the JSON document."""
+    import json
+
+    from linkguard.config import AgentSettings, ConfigError, load_settings
+    from linkguard.nccl import NcclFiles, env_lines
+
+    if args.host is None:
+        try:
+            settings = load_settings(AgentSettings, args.config)
+        except ConfigError as exc:
+            return _fail(f"nccl env: {exc}", 2)
+        path = settings.rail_map_path.parent / NcclFiles.JSON
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return _fail(
+                f"nccl env: {path} does not exist: is the agent running? (it writes it with "
+                "its first plan or port state)",
+                1,
+            )
+        except (OSError, ValueError) as exc:
+            return _fail(f"nccl env: cannot read {path}: {exc}", 1)
+    else:
+        try:
+            doc = _nccl_from_api(args.api, args.host)
+        except LookupError as exc:
+            return _fail(f"nccl env: {exc}", 2)
+        except (OSError, ValueError) as exc:
+            return _fail(f"nccl env: {exc}", 1)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    try:
+        env = doc["env"] if args.profile == "plain" else doc["failover"]["env"]
+        warnings = doc["failover"]["warnings"] if args.profile == "failover" else []
+    except (KeyError, TypeError):
+        return _fail("nccl env: the rendering has no env: written by another version?", 1)
+    for w in warnings:
+        print(f"linkguard: warning: {w}", file=sys.stderr)
+    sys.stdout.write(env_lines(env, export=args.format == "shell"))
+    return 0
+
+
+def _nccl_from_api(api: str, host: str) -> dict:
+    """The NCCL rendering of ``host`` from the service's host view (its HCAs, their states
+    and ``degraded`` marks, its plan). LookupError: unknown host; OSError: unreachable;
+    ValueError: an answer that is not a host view."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from pydantic import ValidationError
+
+    from linkguard.models import HCAInfo, HostInventory, LinkLayer, Plan, PortState
+    from linkguard.nccl import render
+
+    url = f"{api.rstrip('/')}/api/v1/hosts/{urllib.parse.quote(host, safe='')}"
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--api {api!r}: give an http:// or https:// URL")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # scheme checked above
+            body = resp.read(16 * 1024 * 1024)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(2000).decode("utf-8", "replace")
+        if exc.code == 404:
+            raise LookupError(f"{host}: {detail}") from None
+        raise OSError(f"{url}: HTTP {exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise OSError(f"{url}: {exc.reason}") from None
+    try:
+        view = json.loads(body)
+        states = [PortState.model_validate(h["state"]) for h in view["hcas"] if h["state"]]
+        layers = {s.key: s.link_layer for s in states if s.link_layer is not None}
+        inv = HostInventory(
+            host=view["host"],
+            hcas=[
+                HCAInfo(
+                    hca=h["hca"],
+                    port=h["port"],
+                    rail=h["rail"],
+                    netdev=h.get("netdev"),
+                    link_layer=layers.get(f"{h['hca']}/{h['port']}", LinkLayer.INFINIBAND),
+                )
+                for h in view["hcas"]
+            ],
+        )
+        plan = Plan.model_validate(view["plan"]) if view.get("plan") else None
+        degraded = {f"{h['hca']}/{h['port']}" for h in view["hcas"] if h["shown"] == "degraded"}
+    except (KeyError, TypeError, ValidationError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{url}: not a host view: {exc}") from None
+    return render(inv, states, plan, degraded=degraded).to_dict()
+
+
 def _keys(args: argparse.Namespace) -> int:
     """``keys generate``: :func:`linkguard.signing.generate_keys`."""
     from linkguard.signing import Verifier, generate_keys
@@ -1323,6 +1579,29 @@ def _keys(args: argparse.Namespace) -> int:
     print(f"public key (agents: service_public_key): {pub}")
     print(f"key id: {Verifier.from_file(pub).key_id}")
     return 0
+
+
+def _rails_follow(args: argparse.Namespace) -> int:
+    """``rails follow``: :func:`linkguard.agent.localsub.follow` on ``--socket``, else the
+    config's ``rails_socket``, else ``/run/linkguard/rails.sock``."""
+    from linkguard.agent.localsub import follow
+    from linkguard.config import AgentSettings, ConfigError, load_settings
+
+    path = args.socket
+    if path is None and args.config is not None:
+        try:
+            path = load_settings(AgentSettings, args.config).rails_socket
+        except ConfigError as exc:
+            return _fail(f"rails follow: {exc}", 2)
+        if path is None:
+            return _fail(f"rails follow: {args.config} sets no rails_socket", 2)
+    path = path or Path("/run/linkguard/rails.sock")
+    try:
+        return asyncio.run(follow(path, count=args.count))
+    except BrokenPipeError:  # stdout closed (| head)
+        return 0
+    except OSError as exc:
+        return _fail(f"rails follow: cannot connect to {path}: {exc.strerror or exc}", 2)
 
 
 def _broker(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer
 from linkguard.topology.backoff import BackoffPolicy
@@ -44,8 +45,13 @@ __all__ = [
     "ApiSettings",
     "BusSettings",
     "ConfigError",
+    "EtcdLeaderSettings",
     "GeneratorSettings",
+    "HookSettings",
+    "KubernetesLeaderSettings",
+    "LeaderSettings",
     "LedgerSettings",
+    "OfflineSettings",
     "PortConfig",
     "ServiceSettings",
     "listen_address",
@@ -72,10 +78,26 @@ class BusSettings(_Section):
     never logged: ``password`` is a SecretStr). Every file is checked when the settings are
     loaded: a missing or unreadable one, or a certificate or key that does not load, raises
     :class:`ConfigError` naming the setting.
+
+    A broker cluster (e.g. 3 NATS nodes with JetStream and their MQTT listeners): ``brokers``
+    lists its nodes as ``host:port`` (``[v6addr]:port`` for IPv6; a YAML list or one string
+    with commas; in the environment a JSON list:
+    ``LINKGUARD_BUS__BROKERS='["n1:1883","n2:1883"]'``). The bus
+    connects to the first and, when a connection fails or is lost, to the next, round robin
+    (:class:`linkguard.bus.Bus`). Empty (the default): ``host``/``port`` alone; giving
+    ``brokers`` and ``host`` or ``port`` too is an error (say the broker once). TLS, the
+    credentials and the timers apply to every node, and with ``tls`` each node's certificate
+    must name the host written here.
     """
 
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535, description="8883 for the TLS listener of deploy/")
+    brokers: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="host:port of each node of a broker cluster, tried in turn (round robin) "
+        "after a failure; empty: host and port",
+    )
     username: str | None = Field(
         None, min_length=1, description="the host's name for agents (the broker's ACL maps it)"
     )
@@ -105,10 +127,43 @@ class BusSettings(_Section):
     )
     reconnect_min_s: float = Field(0.2, gt=0)
     reconnect_max_s: float = Field(10.0, gt=0)
+    subscribe_qos: Literal[0, 1] = Field(
+        1,
+        description="QoS of the bus's subscriptions. 0 suits a NATS cluster: NATS makes a "
+        "JetStream consumer per QoS 1 subscription, and after a node dies deleting and "
+        "re-creating them takes its survivors 18-46 s (QoS 0: 0.1-10 s; "
+        "tests/test_nats_cluster.py). With clean sessions either way loses only what was in "
+        "flight on a dropped connection, which the retained state and re-publish on "
+        "reconnect cover",
+    )
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
+
+    @field_validator("brokers", mode="before")
+    @classmethod
+    def _broker_list(cls, v: object) -> object:
+        if isinstance(v, str):  # "n1:1883,n2:1883"
+            return [b.strip() for b in v.split(",") if b.strip()]
+        return v
+
+    @field_validator("brokers")
+    @classmethod
+    def _broker_addresses(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            _broker_address(entry)
+        if len(set(v)) != len(v):
+            raise ValueError(f"a broker is listed twice: {v}")
+        return v
+
+    def broker_addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every broker to use, in order: ``brokers``, or ``host``/``port``."""
+        if self.brokers:
+            return [_broker_address(b) for b in self.brokers]
+        return [(self.host, self.port)]
 
     @model_validator(mode="after")
     def _tls_and_credentials(self) -> BusSettings:
+        if self.brokers and {"host", "port"} & self.model_fields_set:
+            raise ValueError("give brokers, or host and port, not both (brokers lists every node)")
         if self.password is not None and self.password_file is not None:
             raise ValueError("give password or password_file, not both")
         if (self.password is not None or self.password_file is not None) and not self.username:
@@ -184,16 +239,34 @@ class BusSettings(_Section):
                 password = self._password_from_file()
             except ValueError as exc:
                 raise ConfigError(f"bus.{exc}") from None
+        brokers = self.broker_addresses()
         return {
-            "host": self.host,
-            "port": self.port,
+            "host": brokers[0][0],
+            "port": brokers[0][1],
+            "brokers": brokers,
             "username": self.username,
             "password": password,
             "tls": self.tls_config(),
             "keepalive_s": self.keepalive_s,
             "reconnect_min_s": self.reconnect_min_s,
             "reconnect_max_s": self.reconnect_max_s,
+            "subscribe_qos": self.subscribe_qos,
         }
+
+
+def _broker_address(entry: str) -> tuple[str, int]:
+    """(host, port) of a ``host:port`` or ``[v6addr]:port`` entry of ``bus.brokers``.
+    ValueError naming the entry when the host is empty, has spaces, or the port is missing or
+    outside 1..65535."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^\s:\[\]/]+):(\d{1,5})", entry)
+    if m is None:
+        raise ValueError(
+            f"broker {entry!r}: expected host:port (or [IPv6]:port), e.g. nats1.mgmt:1883"
+        )
+    host, port = (m[1], int(m[2])) if m[1] else (m[3], int(m[4]))
+    if not 1 <= port <= 65535:
+        raise ValueError(f"broker {entry!r}: port {port} outside 1..65535")
+    return host, port
 
 
 def _readable(setting: str, path: Path) -> None:
@@ -217,6 +290,92 @@ class PortConfig(_Section):
     address: ipaddress.IPv4Address | None = None
     link_layer: LinkLayer | None = None
     numa_node: int | None = None
+    expected_rate_gbps: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="the rate (Gb/s) this port must come back at from hold-down to be used "
+        "again; below it the port is degraded (None: the rate it had while last up)",
+    )
+
+
+def resolve_command(command: str) -> str:
+    """The absolute path of a hook's ``argv[0]``: an absolute path to an executable regular
+    file, or a bare name found on ``PATH`` (``shutil.which``). ValueError otherwise (a relative
+    path such as ``./x`` depends on the working directory: refused)."""
+    import shutil
+
+    if not command or "\0" in command:
+        raise ValueError("argv[0] is empty or has a NUL byte")
+    if "/" in command:
+        path = Path(command)
+        if not path.is_absolute():
+            raise ValueError(f"{command!r}: give an absolute path or a name on PATH")
+        try:
+            runnable = path.is_file() and os.access(path, os.X_OK)
+        except (OSError, ValueError):  # a name too long, an unencodable one
+            runnable = False
+        if not runnable:
+            raise ValueError(f"{command!r} is not an executable file")
+        return command
+    try:
+        found = shutil.which(command)
+    except (OSError, ValueError):
+        found = None
+    if found is None:
+        raise ValueError(
+            f"{command!r} not found on PATH ({os.environ.get('PATH', '')}); argv is a list "
+            "(never a shell string): the command alone first, each argument its own item"
+        )
+    return found
+
+
+class HookSettings(_Section):
+    """One job-facing hook (:mod:`linkguard.agent.hooks`): a command the agent runs when this
+    host's rail map changes, with the change (``linkguard.rail-change/v1``,
+    :mod:`linkguard.agent.railmap`) as one JSON document on stdin.
+
+    ``argv`` is a list, never a shell string; ``argv[0]`` is an absolute path to an executable
+    or a name on the agent's PATH, checked when the settings load. ``when``: ``change`` (every
+    change), ``lost_above`` (the number of lost rails rises above ``lost_above``),
+    ``whole_again`` (no rail lost any more; also at the first change after the agent starts
+    when none is). A failure (exit status not 0, ``timeout_s`` passed: the process group is
+    killed, or it cannot start) is retried up to ``retries`` times, ``backoff_s`` after the
+    first failure, doubling up to ``backoff_max_s``; a newer change replaces a pending retry.
+    ``env``: added to the agent's environment for the command."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    argv: list[str] = Field(min_length=1, max_length=256)
+    when: list[Literal["change", "lost_above", "whole_again"]] = Field(
+        default_factory=lambda: ["change"], min_length=1
+    )
+    lost_above: int = Field(0, ge=0, le=63, description="N of when: lost_above (rails)")
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="then the process group is killed")
+    retries: int = Field(3, ge=0, le=20, description="attempts after the first failed one")
+    backoff_s: float = Field(1.0, gt=0, le=3600, description="wait before the first retry (s)")
+    backoff_max_s: float = Field(60.0, gt=0, le=86_400, description="longest wait (s)")
+    env: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _one_when(cls, v: object) -> object:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if any("\0" in a for a in v):
+            raise ValueError("argv items must not contain NUL bytes")
+        resolve_command(v[0])
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or "\0" in val:
+                raise ValueError(f"env {k!r}: not a valid variable name or value")
+        return v
 
 
 class GeneratorSettings(_Section):
@@ -257,6 +416,153 @@ class ApiSettings(_Section):
         if v is not None and len(v.get_secret_value()) < 16:
             raise ValueError("the API token must be at least 16 characters")
         return v
+
+
+class OfflineSettings(_Section):
+    """What the service does when an agent's connection is lost (its MQTT last will,
+    :class:`~linkguard.models.HostStatus` ``reason="lost"``; a clean stop changes nothing).
+
+    After ``route_around_after_s`` without the agent back, every rail of that host counts as
+    unusable: the host's endpoints get ``unreachable`` routes in every peer's plan, so peers fail
+    fast instead of sending into a host that may be gone, until its agent is online again. The
+    grace period keeps an agent restart (a few seconds under systemd) from touching any route.
+    A loss of many hosts at once is more likely the management network or the broker than the
+    hosts: past ``max_fraction`` of the fabric's hosts (at least one host) nothing more is routed
+    around and ``route_around_held`` is logged (the hosts already routed around stay so).
+    """
+
+    route_around_after_s: float | None = Field(
+        30.0,
+        ge=0,
+        le=86_400,
+        description="grace period (s) after a host's last will before its endpoints are routed "
+        "around; null = never route around an offline host",
+    )
+    max_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="route around at most this fraction of the fabric's hosts (at least 1) at "
+        "once; more lost at once holds (likely a broker or management-network fault)",
+    )
+
+    def limit(self, hosts: int) -> int:
+        """How many of ``hosts`` may be routed around at once (at least 1)."""
+        return max(1, int(self.max_fraction * hosts))
+
+
+class EtcdLeaderSettings(_Section):
+    """Leader election through an etcd lease (:class:`linkguard.topology.leader.EtcdLease`):
+    the service that holds the lease steers, the others wait as warm standbys."""
+
+    endpoints: list[str] = Field(
+        min_length=1,
+        max_length=16,
+        description="host:port of etcd's client URLs (2379), tried in turn after a failure; "
+        "in the environment a JSON list: LINKGUARD_LEADER__ETCD__ENDPOINTS='[\"e1:2379\"]'",
+    )
+    ttl_s: int = Field(
+        5,
+        ge=2,
+        le=300,
+        description="lease TTL (s; etcd grants at least ~2): a dead leader is replaced within "
+        "about ttl_s + 0.5 s; the leader steps down ttl_s/4 before its lease could expire",
+    )
+    key: str | None = Field(
+        None,
+        min_length=2,
+        max_length=256,
+        pattern=r"^/[A-Za-z0-9_./\-]+$",
+        description="the leader key; None: /linkguard/<fabric name>/leader (services of one "
+        "fabric must use the same key, services of different fabrics different ones)",
+    )
+    rpc_timeout_s: float = Field(2.0, gt=0, le=30, description="bound on every etcd call (s)")
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _endpoint_list(cls, v: object) -> object:
+        if isinstance(v, str):  # "e1:2379,e2:2379"
+            return [e.strip() for e in v.split(",") if e.strip()]
+        return v
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoint_addresses(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            try:
+                _broker_address(entry.removeprefix("http://"))
+            except ValueError:
+                raise ValueError(
+                    f"etcd endpoint {entry!r}: expected host:port (or [IPv6]:port), e.g. "
+                    "etcd1.mgmt:2379"
+                ) from None
+        if len(set(v)) != len(v):
+            raise ValueError(f"an etcd endpoint is listed twice: {v}")
+        return v
+
+    def addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every endpoint, in order (an ``http://`` prefix is dropped)."""
+        return [_broker_address(e.removeprefix("http://")) for e in self.endpoints]
+
+
+class KubernetesLeaderSettings(_Section):
+    """Leader election through a ``coordination.k8s.io/v1`` Lease
+    (:class:`linkguard.topology.leader_k8s.KubernetesLease`), from inside a pod: the service
+    account's token, CA and namespace and ``KUBERNETES_SERVICE_HOST``/``_PORT``. The service
+    account needs get, create and update on leases in ``namespace`` (deploy/k8s)."""
+
+    namespace: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="the Lease's namespace; None: the pod's own (the service account's "
+        "namespace file)",
+    )
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="the Lease's name (DNS subdomain); None: linkguard-<fabric name>-leader "
+        "(services of one fabric must use the same Lease, of different fabrics different ones)",
+    )
+    ttl_s: int = Field(
+        15,
+        ge=2,
+        le=300,
+        description="the Lease's leaseDurationSeconds (client-go's default is 15): a dead "
+        "leader is replaced about ttl_s + one or two polls (min(2, ttl_s/4) s each) after its "
+        "last renewal; the leader steps down ttl_s/4 before its Lease could expire",
+    )
+    api_timeout_s: float = Field(
+        5.0, gt=0, le=30, description="bound on every call to the API server (s)"
+    )
+
+
+class LeaderSettings(_Section):
+    """Who steers when several topology services run for one fabric. No section (the
+    default): no election, this service is the only one (a second one on the same broker
+    yields, :mod:`linkguard.presence`). ``etcd`` or ``kubernetes`` (not both): the lease
+    holder leads, the others stand by."""
+
+    etcd: EtcdLeaderSettings | None = Field(
+        None, description="elect the leader through an etcd lease (Debian etcd-server)"
+    )
+    kubernetes: KubernetesLeaderSettings | None = Field(
+        None,
+        description="elect the leader through a Kubernetes coordination.k8s.io/v1 Lease "
+        "(in a pod; LINKGUARD_LEADER__KUBERNETES__TTL_S=...)",
+    )
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> LeaderSettings:
+        if self.etcd is not None and self.kubernetes is not None:
+            raise ValueError(
+                "leader: both etcd and kubernetes are configured; choose one (every service "
+                "of a fabric must use the same election)"
+            )
+        return self
 
 
 class LedgerSettings(_Section):
@@ -377,8 +683,18 @@ class AgentSettings(_Base):
     rule_priority: int = Field(1000, ge=1, le=32765)
     apply_routes: bool = True
     damping: DampingPolicy = DampingPolicy()
+    counter_health: CounterHealthPolicy = Field(
+        default_factory=CounterHealthPolicy,
+        description="error-counter rates that drain an up port (linkguard.agent.health)",
+    )
     state_dir: Path = Path("/var/lib/linkguard")
     rail_map_path: Path = Path("/run/linkguard/rail-map.json")
+    nccl_topo_file: Path | None = Field(
+        None,
+        description="this host's NCCL topology file (NCCL_TOPO_FILE XML): the agent writes a "
+        "copy without the unusable NICs as nccl-topo.xml next to the rail map "
+        "(linkguard.nccl); None: no topology file is rendered",
+    )
     shutdown_policy: Literal["keep", "withdraw"] = Field(
         "keep", description="on SIGTERM: keep the routes in place, or withdraw table and rules"
     )
@@ -409,6 +725,58 @@ class AgentSettings(_Base):
             return None
         listen_address(v)
         return v.strip()
+
+    hooks: list[HookSettings] = Field(
+        default_factory=list,
+        max_length=32,
+        description="commands run when this host's rail map changes (linkguard.agent.hooks)",
+    )
+    rails_socket: Path | None = Field(
+        None,
+        description="Unix socket (mode 0660) streaming the rail map, one JSON line per change "
+        "(linkguard.agent.localsub; `linkguard rails follow`), e.g. /run/linkguard/rails.sock; "
+        "None: no socket",
+    )
+    rails_socket_group: str | None = Field(
+        None, min_length=1, description="group owning rails_socket (its members may connect)"
+    )
+    rails_socket_queue: int = Field(
+        256, ge=1, le=100_000, description="changes a slow subscriber may lag before it is cut"
+    )
+    verbs_events: Literal["auto", "off"] = Field(
+        "auto",
+        description="RDMA async events (PORT_ERR, PORT_ACTIVE, LID/GID/SM changes) make the "
+        "sysfs driver re-read that HCA's ports at once (linkguard.drivers.verbs_events); auto: "
+        "with the sysfs driver when sysfs_root has devices and pyverbs loads; off: polling only",
+    )
+    verbs_python: Path = Field(
+        Path("/usr/bin/python3"),
+        description="the Python that runs the event reader: Debian's python3-pyverbs works "
+        "only with the system python3",
+    )
+    verbs_reader: Path | None = Field(
+        None, description="the event reader script; None: the one shipped in linkguard.drivers"
+    )
+
+    @field_validator("hooks")
+    @classmethod
+    def _hook_names(cls, v: list[HookSettings]) -> list[HookSettings]:
+        names = [h.name for h in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"hook names must be unique: {names}")
+        return v
+
+    @field_validator("rails_socket")
+    @classmethod
+    def _socket_path(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return None
+        if not v.is_absolute():
+            raise ValueError(f"{v}: give an absolute path")
+        # sun_path holds 107 bytes; the socket is bound as .<name>.tmp first, then renamed
+        if len(os.fsencode(v.parent / f".{v.name}.tmp")) > 107:
+            raise ValueError(f"{v}: too long for a Unix socket path (about 100 bytes at most)")
+        return v
 
     @field_validator("route_table")
     @classmethod
@@ -513,10 +881,19 @@ class ServiceSettings(_Base):
         description="HTTP API and dashboard (LINKGUARD_API__PORT=...); on by default, bound "
         "to 127.0.0.1:8470",
     )
+    leader: LeaderSettings = Field(
+        default_factory=LeaderSettings,
+        description="leader election among several services of one fabric "
+        "(LINKGUARD_LEADER__ETCD__ENDPOINTS=...); none by default",
+    )
+    offline: OfflineSettings = Field(
+        default_factory=OfflineSettings,
+        description="routing around hosts whose agent's connection was lost (last will)",
+    )
 
 
 #: Environment variables with the LINKGUARD_ prefix that are not settings (test switches).
-_NOT_SETTINGS = {"LINKGUARD_REQUIRE_REAL", "LINKGUARD_FIXTURES"}
+_NOT_SETTINGS = {"LINKGUARD_REQUIRE_REAL", "LINKGUARD_FIXTURES", "LINKGUARD_E2E_BROKER"}
 
 
 def _unknown_env(cls: type[BaseSettings]) -> list[str]:

@@ -152,7 +152,8 @@ class MemoryBroker:
 
     def bus_factory(self, **kwargs: object) -> MemoryBus:
         """A :class:`MemoryBus` on this broker; takes :class:`~linkguard.bus.Bus`'s keyword
-        arguments (``host``, ``port``, credentials and keepalive are accepted and ignored)."""
+        arguments (``host``, ``port``, ``brokers``, credentials and keepalive are accepted and
+        ignored)."""
         return MemoryBus(broker=self, **kwargs)  # type: ignore[arg-type]
 
     # -- faults ---------------------------------------------------------------------------
@@ -324,7 +325,9 @@ class MemoryBus:
         client_id: str,
         host: str = "memory",
         port: int = 0,
+        brokers: Sequence[tuple[str, int]] = (),
         subscriptions: Sequence[str | tuple[str, int]] = (),
+        subscribe_qos: int = 1,
         handler: Handler | None = None,
         on_connect: Callable[[], Awaitable[None]] | None = None,
         will: Will | None = None,
@@ -337,7 +340,7 @@ class MemoryBus:
         timeout_s: float = 10.0,
     ) -> None:
         # nothing to reach, encrypt, authenticate or time out
-        del host, port, username, password, tls, keepalive_s, timeout_s
+        del host, port, brokers, subscribe_qos, username, password, tls, keepalive_s, timeout_s
         self._broker = broker
         self._where = "memory"
         self._client_id = client_id

@@ -105,7 +105,7 @@ SCRAPE_TIMEOUT_S = 5.0
 _STATUSES = tuple(s.value for s in PortStatus)
 _PORT_LABELS = ("hca", "port", "rail")
 #: statuses that take a port out of use (linkguard.topology.state.UNUSABLE)
-_UNUSABLE = frozenset({"down", "held_down", "suppressed"})
+_UNUSABLE = frozenset({"down", "held_down", "suppressed", "degraded"})
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], T]) -> T:
@@ -324,13 +324,13 @@ class _PortGauges:
         self.state = GaugeMetricFamily(
             "linkguard_port_state",
             "1 when the port is in use (status up), 0 otherwise (down, held_down, "
-            "suppressed, unknown)",
+            "suppressed, degraded, unknown)",
             labels=L,
         )
         self.status = GaugeMetricFamily(
             "linkguard_port_status",
             "Effective status after hold-down and damping, one-hot: 1 for the current status "
-            "(up, down, held_down, suppressed, unknown), 0 for the others",
+            "(up, down, held_down, suppressed, degraded, unknown), 0 for the others",
             labels=[*L, "status"],
         )
         self.held = GaugeMetricFamily(
@@ -388,16 +388,37 @@ class _PortGauges:
 
 def _bus_families(bus: Any) -> list[Metric]:
     connected = getattr(bus, "connected", None)
+    up = connected is not None and connected.is_set()
+    broker = GaugeMetricFamily(
+        "linkguard_bus_broker",
+        "1 for the broker (host:port of bus.brokers) the bus is connected to; none while "
+        "disconnected",
+        labels=["broker"],
+    )
+    if up and getattr(bus, "broker", None):
+        broker.add_metric([str(bus.broker)], 1.0)
     return [
         GaugeMetricFamily(
             "linkguard_bus_connected",
             "1 while connected to the MQTT broker, 0 otherwise",
-            value=1.0 if connected is not None and connected.is_set() else 0.0,
+            value=1.0 if up else 0.0,
         ),
         _counter(
             "linkguard_bus_connects",
             "Connections made to the MQTT broker (the first and every reconnect)",
             int(getattr(bus, "connects", 0)),
+        ),
+        broker,
+        _counter(
+            "linkguard_bus_failovers",
+            "Moves to the next broker of bus.brokers after a failed or lost connection",
+            int(getattr(bus, "failovers", 0)),
+        ),
+        _counter(
+            "linkguard_bus_subscriptions_refused",
+            "Subscriptions the broker refused (SUBACK 0x80: its ACL, or NATS JetStream without "
+            "a stream leader), retried until granted",
+            int(getattr(bus, "subscriptions_refused", 0)),
         ),
     ]
 
@@ -603,6 +624,18 @@ class ServiceMetrics:
                 "Highest plan epoch issued (epochs start at the service's start time in ms)",
                 value=state.epoch,
             ),
+            GaugeMetricFamily(
+                "linkguard_leader",
+                "1 while this service steers (holds the leader lease, or no election is "
+                "configured), 0 while it stands by",
+                value=1.0 if svc.leadership.is_leader() else 0.0,
+            ),
+            GaugeMetricFamily(
+                "linkguard_leader_term",
+                "Leader term stamped on this service's plans (0: no election, or a standby "
+                "that never led)",
+                value=svc.leadership.term or 0,
+            ),
             _counter("linkguard_solves", "Solves run since the service started", svc.solves),
             _counter(
                 "linkguard_plans_published",
@@ -611,6 +644,12 @@ class ServiceMetrics:
             ),
             fam_hosts,
             fam_ports,
+            GaugeMetricFamily(
+                "linkguard_hosts_routed_around",
+                "Hosts whose agent's last will arrived and that peers route around "
+                "(offline.route_around_after_s)",
+                value=len(state.away),
+            ),
             GaugeMetricFamily(
                 "linkguard_hosts_pending_ack",
                 "Hosts whose current plan has no applied ack with its epoch yet",

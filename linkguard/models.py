@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -59,6 +59,11 @@ HostName = Annotated[
 ]
 HCAName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 NetdevName = Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.\-@:]+$")]
+#: A PCIe switch id: the bus id of its upstream port (``0000:01:00.0``, from sysfs or an NCCL
+#: topology file) or any label (``pcie0``); devices with equal ids share the switch.
+PCIeSwitchId = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+]
 PortNum = Annotated[int, Field(ge=1, le=255, description="1-based port number, as in sysfs")]
 RailIndex = Annotated[int, Field(ge=0, le=63)]
 #: A switch name, as ``Switch.name`` in :mod:`linkguard.topology.fabric`.
@@ -111,6 +116,9 @@ class PortStatus(StrEnum):
     DOWN = "down"  # not usable right now
     HELD_DOWN = "held_down"  # back up, but inside its hold-down
     SUPPRESSED = "suppressed"  # back up, but its damping penalty is above the reuse threshold
+    #: up but drained (``reason`` says why): its error counters crossed a threshold
+    #: (linkguard.agent.health) or it came back slower / changed (re-admission check)
+    DEGRADED = "degraded"
     UNKNOWN = "unknown"  # never observed with a readable state
 
 
@@ -146,6 +154,11 @@ class HCAInfo(_Model):
     netdev: NetdevName | None = None
     pci_address: str | None = Field(None, max_length=32, description="PCI BDF, 0000:18:00.0")
     numa_node: int | None = Field(None, ge=-1, le=1023)
+    pcie_switch: PCIeSwitchId | None = Field(
+        None,
+        description="the PCIe switch this HCA hangs on (linkguard.layout): the solver prefers "
+        "an HCA on the GPU's switch, then on its NUMA node",
+    )
     address: ipaddress.IPv4Address | None = Field(
         None, description="this port's IPv4 address on its rail subnet (the next hop peers use)"
     )
@@ -164,6 +177,11 @@ class HostInventory(_Model):
         default_factory=list, max_length=64, description="one /32 per GPU, index = GPU"
     )
     gpu_numa: list[int | None] = Field(default_factory=list, max_length=64)
+    gpu_pcie_switch: list[PCIeSwitchId | None] = Field(
+        default_factory=list,
+        max_length=64,
+        description="per GPU (index = GPU) the PCIe switch it hangs on, or empty",
+    )
 
     @model_validator(mode="after")
     def _rails_unique(self) -> HostInventory:
@@ -199,6 +217,11 @@ class PortState(_Model):
     damping: DampingStatus = DampingStatus()
     counters: dict[str, int | None] = Field(default_factory=dict, max_length=256)
     counters_saturated: list[str] = Field(default_factory=list, max_length=256)
+    gid_index_changed: bool = Field(
+        False,
+        description="RoCE: the GID table's indexes moved when the port last came back from "
+        "hold-down (a GID now at another index; NCCL_IB_GID_INDEX may need a new value)",
+    )
     observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
     seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
 
@@ -225,10 +248,16 @@ class HostStatus(_Model):
 
     ``instance`` (random per process) and ``started_at`` tell two processes that claim the same
     host apart (cloned machines with one host name): see :mod:`linkguard.presence`.
+
+    ``reason`` of an offline status: ``stopped`` (the agent stopped cleanly: routes are left as
+    its shutdown policy says) or ``lost`` (its last will: the broker lost the connection, the
+    host or its agent may be dead); the service routes around a ``lost`` host after a grace
+    period (:class:`~linkguard.config.OfflineSettings`). None (an older agent): neither.
     """
 
     host: HostName
     online: bool
+    reason: Literal["stopped", "lost"] | None = None
     at: float | None = None
     version: str | None = Field(None, max_length=64)
     instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
@@ -236,13 +265,17 @@ class HostStatus(_Model):
 
 
 class ServiceStatus(_Model):
-    """Retained on ``service/status`` by the topology service (last will: ``online=False``)."""
+    """Retained on ``service/status`` by the topology service (last will: ``online=False``).
+    ``role``/``term``: with leader election (:mod:`linkguard.topology.leader`) only the leader
+    announces itself (role ``leader`` and its term); None: no election (or an older service)."""
 
     online: bool
     at: float | None = None
     version: str | None = Field(None, max_length=64)
     instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
     started_at: float | None = Field(None, ge=0)
+    role: Literal["leader", "standby"] | None = None
+    term: Epoch | None = None
 
 
 class CableRef(_Model):
@@ -421,6 +454,11 @@ class PeerRoutes(_Model):
 
     host: HostName
     epoch: Epoch
+    term: Epoch = Field(
+        0,
+        description="the leader term of the service that issued it (0: no election); agents "
+        "refuse a lower term than the highest they have seen and order by (term, epoch)",
+    )
     issued_at: float = Field(ge=0)
     position: int = Field(ge=0, le=1_000_000)
     modulus: int = Field(ge=1, le=4096)
@@ -440,11 +478,12 @@ class PeerRoutes(_Model):
         return self
 
     def same_routes(self, other: PeerRoutes | None) -> bool:
-        """True when ``other`` adds the same routes (epoch and time aside); None = whole."""
+        """True when ``other`` adds the same routes (epoch, term and time aside); None =
+        whole."""
         if other is None:
             return not self.classes
         a, b = self.__dict__, other.__dict__
-        return all(a[k] == b[k] for k in a if k not in ("epoch", "issued_at"))
+        return all(a[k] == b[k] for k in a if k not in ("epoch", "term", "issued_at"))
 
 
 class Plan(_Model):
@@ -463,6 +502,11 @@ class Plan(_Model):
 
     host: HostName
     epoch: Epoch
+    term: Epoch = Field(
+        0,
+        description="the leader term of the service that issued it (0: no election); agents "
+        "refuse a lower term than the highest they have seen and order by (term, epoch)",
+    )
     issued_at: float = Field(ge=0)
     rail_assignments: list[RailAssignment] = Field(default_factory=list, max_length=64)
     prefix_routes: list[PrefixRoute] = Field(default_factory=list, max_length=64)
@@ -484,25 +528,26 @@ class Plan(_Model):
         return self
 
     def same_assignments(self, other: Plan | None) -> bool:
-        """True when ``other`` assigns exactly the same (epoch and time aside)."""
+        """True when ``other`` assigns exactly the same (epoch, term and time aside)."""
         if other is None:
             return False
         # Field-wise ==, not model_dump: lists of shared frozen models compare by identity first.
         a, b = self.__dict__, other.__dict__
-        return all(a[k] == b[k] for k in a if k not in ("epoch", "issued_at"))
+        return all(a[k] == b[k] for k in a if k not in ("epoch", "term", "issued_at"))
 
 
 def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
     """The full plan a compact ``plan`` stands for, given the :class:`PeerRoutes` retained for
     impaired peers (by host; the host's own and whole peers' add nothing): their /32 routes,
     ``unreachable`` endpoints and backup changes, in peer position order, exactly as the
-    solver writes them into a full plan. The epoch is the highest of the plan's and all the
-    peers' (what the host acks). A plan without ``shared`` is returned as it is. Raises
-    ValueError when a peer message names a rail the plan has no netdev or backup for."""
+    solver writes them into a full plan. ``(term, epoch)`` is the highest of the plan's and all
+    the peers' (the epoch is what the host acks; epochs are compared within a term only). A
+    plan without ``shared`` is returned as it is. Raises ValueError when a peer message names
+    a rail the plan has no netdev or backup for."""
     sv = plan.shared
     if sv is None:
         return plan
-    epoch = plan.epoch
+    version = (plan.term, plan.epoch)
     routes: list[RouteAssignment] = list(plan.routes)
     unreachable: list[ipaddress.IPv4Address] = list(plan.unreachable)
     extra: dict[int, tuple[list[RouteAssignment], list[ipaddress.IPv4Address]]] = {
@@ -525,7 +570,7 @@ def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
         )
 
     for pr in sorted(peers.values(), key=lambda pr: pr.position):
-        epoch = max(epoch, pr.epoch)
+        version = max(version, (pr.term, pr.epoch))
         if not pr.classes or pr.host == plan.host:
             continue
         c = (sv.position - pr.position - 1) % sv.hosts % pr.modulus
@@ -571,7 +616,8 @@ def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
     return Plan.model_construct(
         **{
             **plan.__dict__,
-            "epoch": epoch,
+            "term": version[0],
+            "epoch": version[1],
             "routes": routes,
             "unreachable": unreachable,
             "backups": backups,

@@ -1,19 +1,32 @@
 """The bus adapter against real brokers: reconnect after a broker restart (resubscribe, state
-re-published from on_connect), the last will on a vanished client, and the embedded amqtt
-broker speaking the same MQTT 3.1.1."""
+re-published from on_connect), the last will on a vanished client, failover to the next broker
+of a list when the one connected to dies (two private Mosquittos), subscriptions a broker
+refuses (SUBACK 0x80) retried until granted (amqtt with a topic plugin that refuses), and the
+embedded amqtt broker speaking the same MQTT 3.1.1."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+from amqtt.broker import Broker as AmqttBroker
+from amqtt.contexts import Action
+from amqtt.plugins.base import BaseTopicPlugin
+from pydantic import ValidationError
+from structlog.testing import capture_logs
 
-from linkguard.broker import embedded_broker
-from linkguard.bus import Bus, BusMessage
+from linkguard.broker import embedded_broker, free_port
+from linkguard.bus import Bus, BusConnectTimeout, BusMessage
+from linkguard.config import BusSettings
 from tests.conftest import start_mosquitto
 from tests.support import until
 
@@ -214,3 +227,258 @@ async def test_close_finishes_while_the_broker_is_frozen(mosquitto) -> None:
     finally:
         mosquitto.process.send_signal(signal.SIGCONT)
     assert not bus.connected.is_set()
+
+
+# -- failover: a list of brokers ---------------------------------------------------------------
+
+
+@pytest.mark.real
+async def test_fails_over_to_the_next_broker_when_the_first_dies(tmp_path: Path) -> None:
+    first, second = start_mosquitto(tmp_path / "a"), start_mosquitto(tmp_path / "b")
+    brokers = [("127.0.0.1", first.port), ("127.0.0.1", second.port)]
+    got: list[BusMessage] = []
+    state = {"value": b"up"}
+    buses: dict[str, Bus] = {}
+
+    async def handler(msg: BusMessage) -> None:
+        got.append(msg)
+
+    async def republish() -> None:  # the agent's on_connect: its current state, retained
+        await buses["pub"].publish("t/state", state["value"], retain=True)
+
+    fast = {"reconnect_min_s": 0.05, "reconnect_max_s": 0.3}
+    try:
+        with capture_logs() as logs:
+            async with (
+                Bus(brokers=brokers, client_id="pub", on_connect=republish, **fast) as pub,
+                Bus(
+                    brokers=brokers, client_id="sub", subscriptions=["t/#"], handler=handler, **fast
+                ) as sub,
+            ):
+                buses["pub"] = pub
+                await until(lambda: [m.payload for m in got] == [b"up"], "first state")
+                assert pub.broker == sub.broker == f"127.0.0.1:{first.port}"
+                first.process.kill()  # SIGKILL: no goodbye, the sockets just close
+                first.process.wait(5)
+                state["value"] = b"down"
+                await until(
+                    lambda: pub.connects == 2 and sub.connects == 2, "both on the second broker"
+                )
+                assert pub.broker == sub.broker == f"127.0.0.1:{second.port}"
+                assert pub.failovers >= 1 and sub.failovers >= 1
+                # resubscribed on the second broker: the state re-published there arrives...
+                await until(lambda: got[-1].payload == b"down", "state re-published after failover")
+                # ...and live messages flow
+                assert await pub.publish("t/live", b"after failover")
+                await until(lambda: got[-1].topic == "t/live", "a live message after failover")
+    finally:
+        for broker in (first, second):
+            broker.handle.stop()
+    connected = [(e["client_id"], e["broker"]) for e in logs if e["event"] == "bus_connected"]
+    assert sorted(connected) == sorted(
+        [(c, f"127.0.0.1:{p}") for c in ("pub", "sub") for p in (first.port, second.port)]
+    )
+    lost = [e for e in logs if e["event"] == "bus_disconnected"]
+    assert {e["next_broker"] for e in lost} >= {f"127.0.0.1:{second.port}"}
+
+
+_FAILOVER_CLIENT = """
+import asyncio, sys
+from linkguard.bus import Bus, Will
+async def main():
+    buses = []
+    async def online():
+        await buses[0].publish("t/victim/status", b"online", retain=True)
+        print("online", buses[0].broker, flush=True)
+    brokers = [("127.0.0.1", int(p)) for p in sys.argv[1:]]
+    async with Bus(brokers=brokers, client_id="victim", on_connect=online,
+                   will=Will("t/victim/status", b"offline"), keepalive_s=5,
+                   reconnect_min_s=0.05, reconnect_max_s=0.3) as b:
+        buses.append(b)
+        await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.real
+async def test_the_last_will_goes_with_the_failed_over_connection(tmp_path: Path) -> None:
+    """The will is set again on each connection: after failing over to the second broker, a
+    client that vanishes is marked offline there."""
+    first, second = start_mosquitto(tmp_path / "a"), start_mosquitto(tmp_path / "b")
+    got: list[bytes] = []
+
+    async def handler(msg: BusMessage) -> None:
+        got.append(msg.payload)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FAILOVER_CLIENT, str(first.port), str(second.port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # structlog's default output shares stdout
+            if line.startswith("online"):
+                assert line.split()[1] == f"127.0.0.1:{first.port}"
+                break
+        first.process.kill()
+        for line in proc.stdout:
+            if line.startswith("online"):
+                assert line.split()[1] == f"127.0.0.1:{second.port}"
+                break
+        async with Bus(
+            host="127.0.0.1",
+            port=second.port,
+            client_id="watcher",
+            subscriptions=["t/victim/status"],
+            handler=handler,
+        ) as w:
+            await w.wait_connected(10)
+            await until(lambda: got == [b"online"], "online on the second broker")
+            proc.kill()  # SIGKILL: the second broker must send the will
+            await until(lambda: got[-1:] == [b"offline"], "last will", timeout=15)
+    finally:
+        proc.kill()
+        proc.wait(5)
+        for broker in (first, second):
+            broker.handle.stop()
+
+
+def test_bus_settings_broker_list() -> None:
+    assert BusSettings().connection()["brokers"] == [("127.0.0.1", 1883)]
+    assert BusSettings(port=1884).broker_addresses() == [("127.0.0.1", 1884)]
+    s = BusSettings(brokers=["nats1.mgmt:1883", "10.0.0.2:1883", "[fd00::3]:1883"])
+    assert s.connection()["brokers"] == [
+        ("nats1.mgmt", 1883),
+        ("10.0.0.2", 1883),
+        ("fd00::3", 1883),
+    ]
+    assert (s.connection()["host"], s.connection()["port"]) == ("nats1.mgmt", 1883)
+    assert BusSettings(brokers="a:1,b:2").brokers == ["a:1", "b:2"]  # type: ignore[arg-type]
+    bad = {
+        "n1": "expected host:port",
+        "n1:0": "port 0 outside 1..65535",
+        "n1:65536": "outside 1..65535",
+        "a b:1": "expected host:port",
+        "fd00::3:1883": "expected host:port",  # IPv6 needs brackets
+    }
+    for entry, why in bad.items():
+        with pytest.raises(ValidationError, match=why):
+            BusSettings(brokers=[entry])
+    with pytest.raises(ValidationError, match="listed twice"):
+        BusSettings(brokers=["a:1", "a:1"])
+    with pytest.raises(ValidationError, match="not both"):
+        BusSettings(brokers=["a:1"], host="b")
+    with pytest.raises(ValueError, match="host and port, or brokers"):
+        Bus(client_id="x")
+    with pytest.raises(ValueError, match="bad broker address"):
+        Bus(client_id="x", brokers=[("h", 0)])
+    assert BusSettings().connection()["subscribe_qos"] == 1
+    assert BusSettings(subscribe_qos=0).connection()["subscribe_qos"] == 0
+    with pytest.raises(ValidationError, match="subscribe_qos"):
+        BusSettings(subscribe_qos=2)
+    with pytest.raises(ValueError, match="0 or 1"):
+        Bus(client_id="x", host="h", port=1, subscribe_qos=2)
+
+
+# -- refused subscriptions (SUBACK 0x80) -------------------------------------------------------
+
+
+class RefuseSubscriptions(BaseTopicPlugin):
+    """amqtt topic plugin: refuses the next ``refusals[filter]`` SUBSCRIBEs of a filter (what a
+    broker ACL or a NATS node without JetStream leaders answers), then grants them."""
+
+    refusals: ClassVar[dict[str, int]] = {}
+
+    @dataclass
+    class Config:
+        pass
+
+    async def topic_filtering(
+        self, *, session: object = None, topic: str | None = None, action: Action | None = None
+    ) -> bool:
+        if action == Action.SUBSCRIBE and self.refusals.get(topic or "", 0) > 0:
+            self.refusals[topic or ""] -= 1
+            return False
+        return True
+
+
+@asynccontextmanager
+async def _refusing_broker(refusals: dict[str, int]) -> AsyncIterator[int]:
+    logging.getLogger("amqtt").setLevel(logging.ERROR)
+    RefuseSubscriptions.refusals = refusals
+    port = free_port()
+    broker = AmqttBroker(
+        {
+            "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
+            "plugins": {
+                "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True},
+                f"{__name__}.RefuseSubscriptions": {},
+            },
+        }
+    )
+    await broker.start()
+    try:
+        yield port
+    finally:
+        await broker.shutdown()
+
+
+async def test_a_refused_subscription_is_retried_until_granted() -> None:
+    got: list[BusMessage] = []
+
+    async def handler(msg: BusMessage) -> None:
+        got.append(msg)
+
+    async with _refusing_broker({"plans/a": 2}) as port:
+        with capture_logs() as logs:
+            async with (
+                Bus(
+                    host="127.0.0.1",
+                    port=port,
+                    client_id="agent",
+                    subscriptions=["plans/a", "shared"],
+                    handler=handler,
+                    reconnect_min_s=0.05,
+                    reconnect_max_s=0.2,
+                ) as bus,
+                Bus(host="127.0.0.1", port=port, client_id="service") as service,
+            ):
+                await bus.wait_connected(10)
+                await service.wait_connected(10)
+                # connected means listening: both filters granted, in the first session
+                assert (bus.connects, bus.subscriptions_refused) == (1, 2)
+                assert bus.refused_subscriptions == []
+                assert await service.publish("plans/a", b"plan")
+                assert await service.publish("shared", b"health")
+                await until(lambda: len(got) == 2, "both topics delivered")
+    assert sorted(m.topic for m in got) == ["plans/a", "shared"]
+    refused = [e for e in logs if e["event"] == "bus_subscription_refused"]
+    assert [(e["log_level"], e["topics"], e["tries"]) for e in refused] == [
+        ("warning", ["plans/a"], 1),
+        ("warning", ["plans/a"], 2),
+    ]
+
+
+async def test_a_subscription_refused_for_good_is_never_connected_but_deaf() -> None:
+    async with _refusing_broker({"plans/a": 10**6}) as port:
+        with capture_logs() as logs:
+            async with Bus(
+                host="127.0.0.1",
+                port=port,
+                client_id="agent",
+                subscriptions=["plans/a"],
+                reconnect_min_s=0.05,
+                reconnect_max_s=0.1,
+                timeout_s=0.5,
+            ) as bus:
+                with pytest.raises(BusConnectTimeout, match="subscription refused") as caught:
+                    await bus.wait_connected(2)
+                await until(
+                    lambda: any(e.get("then") == "reconnecting" for e in logs), "a reconnect"
+                )
+                assert bus.connects == 0 and not bus.connected.is_set()
+                assert bus.refused_subscriptions == ["plans/a"]
+                assert bus.subscriptions_refused >= 2
+    assert "JetStream" in (caught.value.hint or "")
+    assert caught.value.refused is False  # a broker outage-like state: keep retrying

@@ -9,7 +9,8 @@ Shown:
 - the Kubernetes manifests validate against the official schemas (kubernetes-validate, strict:
   an unknown field fails; the schemas ship in the package, no network), and their
   security-relevant fields are what deploy/ promises (host network, sysfs read-only,
-  NET_ADMIN only, not privileged; the service unprivileged, one replica, Recreate);
+  NET_ADMIN only, not privileged; the service unprivileged, one replica, Recreate, its
+  ServiceAccount allowed its leader Lease and nothing else);
 - the example configs (deploy/config/, the ConfigMaps, the env examples) load through
   linkguard's settings classes, with only the file locations of this machine substituted;
 - on real processes (root, a network namespace, Mosquitto over TLS with deploy/make-certs.sh's
@@ -364,6 +365,9 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
         "Service",
         "ConfigMap",
         "PersistentVolumeClaim",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
     ):
         assert kind in seen
 
@@ -463,6 +467,58 @@ def test_topology_deployment() -> None:
     ledger_vol = next(n for n, v in volumes.items() if "persistentVolumeClaim" in v)
     assert Path(cfg["ledger"]["path"]).parent == Path(mounts[ledger_vol])
     find("PersistentVolumeClaim", volumes[ledger_vol]["persistentVolumeClaim"]["claimName"])
+
+
+def test_topology_leader_lease_rbac() -> None:
+    """leader.kubernetes (linkguard.topology.leader_k8s): the service's ServiceAccount may
+    create leases and get/update the one Lease its config names, nothing else; the token,
+    CA and namespace are projected where the in-cluster client reads them, into the service's
+    container only (the root init container gets no token)."""
+    dep = find("Deployment", "linkguard-topology")
+    pod = dep["spec"]["template"]["spec"]
+    cfg = yaml.safe_load(find("ConfigMap", "linkguard-topology")["data"]["topology.yaml"])
+    lease = cfg["leader"]["kubernetes"]["name"]
+    ns = dep["metadata"]["namespace"]
+    sa = find("ServiceAccount", pod["serviceAccountName"])
+    assert sa["metadata"]["namespace"] == ns
+    binding = find("RoleBinding", "linkguard-topology-leader")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": ns}
+    ]
+    role = find(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == ns
+    grants = {
+        (verb, name)
+        for rule in role["rules"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames", ["*"])
+        if rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    }
+    assert grants == {("create", "*"), ("get", lease), ("update", lease)}
+    assert all(r["resources"] == ["leases"] for r in role["rules"])
+
+    assert (
+        pod["automountServiceAccountToken"] is False and sa["automountServiceAccountToken"] is False
+    )
+    where = "/var/run/secrets/kubernetes.io/serviceaccount"  # linkguard.topology.leader_k8s
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == where]
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    paths = set()
+    for src in volume["projected"]["sources"]:
+        for kind, item in src.items():
+            paths |= (
+                {item["path"]}
+                if kind == "serviceAccountToken"
+                else {i["path"] for i in item["items"]}
+            )
+    assert paths == {"token", "ca.crt", "namespace"}
+    for init in pod.get("initContainers", []):
+        assert all(m["name"] != mount["name"] for m in init["volumeMounts"])
+    # the Lease's settings load (ServiceSettings) and they are what the service uses
+    s = ServiceSettings.model_validate({"leader": cfg["leader"]})
+    assert s.leader.kubernetes is not None and s.leader.kubernetes.name == lease
 
 
 @pytest.mark.parametrize(

@@ -214,9 +214,11 @@ def _serve(fabric: Path, port: int, log: Path) -> subprocess.Popen:
     )
 
 
-async def _until_logged(log: Path, event: str, *, after: int, timeout: float = 20) -> dict:
-    """The first JSON log line ``event`` of the service log after the ``after``-th restart
-    (``topology_starting`` lines) of the processes writing ``log``."""
+async def _until_logged(
+    log: Path, event: str, *, after: int, timeout: float = 20, where=lambda doc: True
+) -> dict:
+    """The first JSON log line ``event`` (for which ``where`` holds) of the service log after
+    the ``after``-th restart (``topology_starting`` lines) of the processes writing ``log``."""
     found: list[dict] = []
 
     def seen() -> bool:
@@ -227,7 +229,7 @@ async def _until_logged(log: Path, event: str, *, after: int, timeout: float = 2
             except ValueError:
                 continue
             starts += doc.get("event") == "topology_starting"
-            if starts == after and doc.get("event") == event:
+            if starts == after and doc.get("event") == event and where(doc):
                 found.append(doc)
                 return True
         return False
@@ -269,6 +271,10 @@ async def test_service_sigkill_and_restart_rebuilds_from_retained_without_route_
             ),
             "the plan around gpu000's rail 1",
             timeout=20,
+        )
+        # every host through that solve (gpu001 acks the peer routes of it), not only gpu000
+        await _until_logged(
+            log, "plans_acked", after=0, where=lambda d: d["epoch"] >= me.applier.applied_epoch
         )
         before = {h: (a.applier.applied_epoch, dict(a.table.routes)) for h, a in agents.items()}
         changes = {h: a.table.changes for h, a in agents.items()}

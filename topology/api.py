@@ -86,7 +86,7 @@ def shown(st: PortState | None, link_rate_gbps: float | None = None) -> str:
         return "held_down"
     if status == PortStatus.SUPPRESSED or st.damping.suppressed:
         return "suppressed"
-    if status.value == "degraded":
+    if status == PortStatus.DEGRADED:
         return "degraded"
     if status == PortStatus.UP:
         if (
@@ -491,6 +491,7 @@ def create_app(service: "TopologyService") -> FastAPI:
                 "epoch": service.state.epoch,
                 "hosts": len(index.by_host),
                 "online": sum(1 for h in index.by_host if online.get(h)),
+                "routed_around": sorted(service.state.away),
                 "cells": [
                     {
                         "su": k[0],
@@ -561,6 +562,7 @@ def create_app(service: "TopologyService") -> FastAPI:
                 "host": host,
                 "su": index.host_su[host],
                 "online": state.online.get(host),
+                "routed_around": host in state.away,
                 "hcas": views,
                 "plan": plan.model_dump(mode="json") if plan is not None else None,
                 "plan_epoch": state.acked_epoch(host),

@@ -49,6 +49,7 @@ FindingKind = Literal[
     "missing_host",
     "unknown_host",
     "inventory_mismatch",
+    "layout_mismatch",
 ]
 Severity = Literal["error", "warning"]
 
@@ -58,7 +59,8 @@ KINDS: tuple[str, ...] = get_args(FindingKind)
 #: Severity of each kind. Errors cost capacity or correctness (a missing or slow cable, a port
 #: on the wrong leaf, a GUID the subnet manager sees twice, a host that never reported, an agent
 #: whose HCAs differ from the fabric's); warnings are things the expected fabric does not describe
-#: (an extra cable, a host nobody planned for).
+#: (an extra cable, a host nobody planned for) or describes differently without costing capacity
+#: (a PCIe layout other than the host's: alternates are then ranked less well).
 SEVERITY: dict[str, Severity] = {
     "missing_link": "error",
     "unexpected_link": "warning",
@@ -69,6 +71,7 @@ SEVERITY: dict[str, Severity] = {
     "missing_host": "error",
     "unknown_host": "warning",
     "inventory_mismatch": "error",
+    "layout_mismatch": "warning",
 }
 
 
@@ -185,8 +188,63 @@ def inventory_problems(expected: HostInventory, have: HostInventory) -> list[str
     per problem: HCA ports missing on the host (sorted), ports the fabric lacks (sorted), then per
     common port a different rail, and a different netdev when both name one
     (``"mlx5_0/1: rail 1 on the host, 0 in the fabric"``). Empty when they agree. Endpoints,
-    addresses and NUMA nodes are not compared."""
+    addresses, NUMA nodes and PCIe switches are not compared (a PCIe layout other than the
+    fabric's is :func:`audit`'s ``layout_mismatch`` warning, not a mismatch of HCAs)."""
     return [problem for *_, problem in _inventory_diffs(expected, have)]
+
+
+_BUS_ID = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _layout_diffs(
+    expected: HostInventory, have: HostInventory
+) -> list[tuple[str, str | None, str | None, str]]:
+    """(device, expected switch, observed switch, problem) per HCA port (``mlx5_0/1``) or GPU
+    (``gpu3``) whose PCIe switch in the fabric disagrees with the one its agent reports.
+
+    Compared only where both sides name a switch: a fabric without switch ids does not use
+    PCIe affinity, and an agent that could not read its layout reports none. Switch ids are
+    labels within one host (the solver only asks whether two devices share one), so a fabric
+    may say ``pcie0`` where the host says ``0000:01:00.0``. Each fabric switch is matched to
+    the host switch most of its devices are on (one-to-one, larger groups first); a device
+    disagrees when it is on another host switch than its fabric switch's match (all of a
+    fabric switch's devices when its host switch went to a larger group), or when the fabric's
+    id is a PCI bus id (as ``linkguard layout --format fabric`` writes) other than the host's."""
+    got = {h.key: h for h in have.hcas}
+    pairs = [
+        (c.key, c.pcie_switch, got[c.key].pcie_switch)
+        for c in expected.hcas
+        if c.key in got and c.pcie_switch is not None and got[c.key].pcie_switch is not None
+    ]
+    pairs += [
+        (f"gpu{g}", want, have.gpu_pcie_switch[g])
+        for g, want in enumerate(expected.gpu_pcie_switch)
+        if want is not None
+        and g < len(have.gpu_pcie_switch)
+        and have.gpu_pcie_switch[g] is not None
+    ]
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for _, want, seen in pairs:
+        counts[want][seen] += 1
+    # each fabric switch stands for the host switch most of its devices are on, one-to-one
+    # (larger groups choose first); its devices elsewhere, or all of them when that host switch
+    # is taken by another fabric switch, disagree; a bus id in the fabric stands for itself
+    mapped: dict[str, str | None] = {w: w.lower() for w in counts if _BUS_ID.match(w)}
+    taken = {w for w in mapped.values() if w is not None}
+    for want in sorted(counts.keys() - mapped.keys(), key=lambda w: (-max(counts[w].values()), w)):
+        free = [(-n, seen) for seen, n in counts[want].items() if seen.lower() not in taken]
+        mapped[want] = min(free)[1].lower() if free else None
+        if mapped[want] is not None:
+            taken.add(mapped[want])
+    out = []
+    for device, want, seen in pairs:
+        if mapped[want] != seen.lower():
+            problem = (
+                f"{device}: PCIe switch {seen} on the host, {want} in the fabric "
+                "(alternates are ranked by the fabric's layout)"
+            )
+            out.append((device, f"pcie_switch {want}", f"pcie_switch {seen}", problem))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +579,9 @@ def audit(
     ``reported_hosts`` (when given), nor in ``observed``, nor in ``inventories`` (checked only
     when at least one of them is given; offline, with only a dump: the hosts absent from the
     dump); ``unknown_host`` for a host of any of those the expected fabric lacks (its cables are
-    not compared). ``inventory_mismatch`` per :func:`inventory_problems` line.
+    not compared). ``inventory_mismatch`` per :func:`inventory_problems` line;
+    ``layout_mismatch`` (a warning) per HCA port or GPU whose PCIe switch in ``expected``
+    disagrees with its agent's (:func:`_layout_diffs`; never for a fabric without switch ids).
 
     Switches: each observed switch is matched to at most one expected switch, the first that
     applies: the same name; the same node GUID (``Switch.guid`` or ``observed_guids``); its
@@ -596,6 +656,8 @@ def audit(
         if h in exp_hosts:
             for key, want, have, problem in _inventory_diffs(exp_hosts[h], inv):
                 out.append(_finding("inventory_mismatch", f"{h}:{key}", want, have, problem))
+            for key, want, have, problem in _layout_diffs(exp_hosts[h], inv):
+                out.append(_finding("layout_mismatch", f"{h}:{key}", want, have, problem))
     if observed is not None and observed.links and expected.links:
         out += _Links(expected, observed, guids).run(missing)
     out += _duplicate_guids(observed, guids)

@@ -106,7 +106,9 @@ class Fabric(_Model):
     - every HCA has an ``address`` (peers use it as next hop) and all addresses, HCA and
       endpoint, are unique across the fabric;
     - at most 64 endpoints per host, at least one HCA when there are endpoints, and
-      ``gpu_numa`` is empty or one entry per endpoint; no two HCAs of a host share a ``netdev``;
+      ``gpu_numa`` and ``gpu_pcie_switch`` are each empty or one entry per endpoint; no two HCAs
+      of a host share a ``netdev``; the GPUs and HCAs of one PCIe switch (``pcie_switch``) are
+      on one NUMA node where it is known (a switch hangs off one root port);
     - ``rail_subnets`` and ``endpoint_subnets`` are keyed by rails 0..63, their networks have
       no host bits set, and no two subnets (of either kind) overlap;
     - when ``rail_subnets`` is given, every rail that has an HCA has a subnet, and every HCA
@@ -185,6 +187,7 @@ class Fabric(_Model):
                     f"host {h.host}: gpu_numa has {len(h.gpu_numa)} entries for "
                     f"{len(h.endpoints)} endpoints"
                 )
+            _check_switches(h)
             if h.endpoints and not h.hcas:
                 raise ValueError(f"host {h.host}: {len(h.endpoints)} endpoints but no HCA")
             by_netdev: dict[str, str] = {}
@@ -313,6 +316,33 @@ class Fabric(_Model):
     def rails(self) -> list[int]:
         """Sorted rail indices present on any host."""
         return sorted({c.rail for h in self.hosts for c in h.hcas})
+
+
+def _check_switches(h: HostInventory) -> None:
+    """``gpu_pcie_switch`` has one entry per endpoint (or none); every PCIe switch of ``h`` has
+    its devices on at most one known NUMA node."""
+    if h.gpu_pcie_switch and len(h.gpu_pcie_switch) != len(h.endpoints):
+        raise ValueError(
+            f"host {h.host}: gpu_pcie_switch has {len(h.gpu_pcie_switch)} entries for "
+            f"{len(h.endpoints)} endpoints"
+        )
+    nodes: dict[str, dict[int, str]] = {}
+    devices = [(f"HCA {c.key}", c.pcie_switch, c.numa_node) for c in h.hcas]
+    devices += [
+        (f"GPU {g}", sw, h.gpu_numa[g] if g < len(h.gpu_numa) else None)
+        for g, sw in enumerate(h.gpu_pcie_switch)
+    ]
+    for what, sw, numa in devices:
+        if sw is None or numa is None or numa < 0:
+            continue
+        seen = nodes.setdefault(sw, {})
+        seen.setdefault(numa, what)
+        if len(seen) > 1:
+            (na, wa), (nb, wb) = sorted(seen.items())[:2]
+            raise ValueError(
+                f"host {h.host}: PCIe switch {sw!r} has {wa} on NUMA node {na} and {wb} on "
+                f"node {nb} (a switch hangs off one root port, so one node)"
+            )
 
 
 Tier = Literal["leaf", "spine", "core"]
@@ -466,6 +496,9 @@ def dump_fabric(fabric: Fabric, fmt: Literal["json", "yaml"] = "json") -> str:
     """Serialize ``fabric`` as JSON (indented) or YAML; :func:`load_fabric` reads either back.
     Raises ValueError on another ``fmt``."""
     data = fabric.model_dump(mode="json", exclude_none=True)
+    for h in data["hosts"]:  # no PCIe layout: leave the key out, as files without one have it
+        if not h.get("gpu_pcie_switch"):
+            h.pop("gpu_pcie_switch", None)
     if fmt == "json":
         return json.dumps(data, indent=1) + "\n"
     if fmt == "yaml":

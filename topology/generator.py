@@ -253,6 +253,7 @@ def generate_rail_optimized(
     netdev: str = "rail{r}",
     hca: str = "mlx5_{r}",
     numa_split: bool = True,
+    rails_per_pcie_switch: int = 0,
     name: str | None = None,
 ) -> Fabric:
     """A rail-optimized fabric of ``hosts`` compute hosts after the DGX SuperPOD reference
@@ -280,6 +281,12 @@ def generate_rail_optimized(
     (two sockets, each with four GPUs and four of the eight ConnectX-7 compute NICs); otherwise
     all are on node 0.
 
+    PCIe layout (the solver's first preference for alternates, see
+    :mod:`linkguard.topology.solver`): ``rails_per_pcie_switch`` = k > 0 puts the HCAs of rails
+    ``s*k .. s*k+k-1`` on PCIe switch ``pcie{s}`` and every GPU on the switch (and NUMA node) of
+    its home rail's HCA, e.g. k = 2 for a DGX A100-like host (4 switches, each with two GPUs and
+    two compute NICs); 0 (the default) leaves switch ids unset (None).
+
     Address layout (matches the namespace lab for up to 254 hosts; independent of SUs and
     management slots):
 
@@ -295,11 +302,14 @@ def generate_rail_optimized(
       ``10.200.r.(h+1)`` in ``10.200.r.0/24``; for 2,048 hosts each rail gets a /20.
 
     Raises ValueError on bad sizes (see :func:`rail_optimized_shape`), more than 64 rails or GPUs
-    per host, or prefixes too small for the requested size.
+    per host, prefixes too small for the requested size, a negative ``rails_per_pcie_switch``,
+    or one whose switches would hold rails of both NUMA nodes (with ``numa_split``).
     """
     gpus = rails if gpus_per_host is None else gpus_per_host
     if gpus < 0:
         raise ValueError("gpus_per_host must be >= 0")
+    if rails_per_pcie_switch < 0:
+        raise ValueError("rails_per_pcie_switch must be >= 0 (0: no PCIe switch ids)")
     if rails > 64 or gpus > MAX_ENDPOINTS_PER_HOST:
         raise ValueError("at most 64 rails and 64 GPUs per host")
     shape = rail_optimized_shape(
@@ -318,7 +328,18 @@ def generate_rail_optimized(
     return Fabric(
         name=name or f"rail-optimized-{hosts}x{rails}",
         hosts=_hosts(
-            hosts, rails, gpus, rnet, enet, rsize, esize, host_name, netdev, hca, numa_split
+            hosts,
+            rails,
+            gpus,
+            rnet,
+            enet,
+            rsize,
+            esize,
+            host_name,
+            netdev,
+            hca,
+            numa_split,
+            rails_per_pcie_switch,
         ),
         switches=_switches(shape),
         links=_host_links(shape, host_name, hca) + _fabric_links(shape),
@@ -339,6 +360,7 @@ def _hosts(
     netdev: str,
     hca: str,
     numa_split: bool,
+    per_switch: int = 0,
 ) -> list[HostInventory]:
     rbase = int(rnet.network_address)
     ebase = int(enet.network_address)
@@ -348,6 +370,21 @@ def _hosts(
 
     rail_numa = [numa(r, rails) for r in range(rails)]
     gpu_numa = [numa(g, gpus) for g in range(gpus)]
+    rail_switch: list[str | None] = [None] * rails
+    gpu_switch: list[str | None] = []
+    if per_switch:
+        rail_switch = [f"pcie{r // per_switch}" for r in range(rails)]
+        for r in range(rails):
+            first = (r // per_switch) * per_switch
+            if rail_numa[r] != rail_numa[first]:
+                raise ValueError(
+                    f"rails_per_pcie_switch={per_switch} puts rails {first} and {r} (NUMA nodes "
+                    f"{rail_numa[first]} and {rail_numa[r]}) on one PCIe switch: use a divisor "
+                    f"of {rails // 2}, or numa_split=False"
+                )
+        if rails:  # a GPU sits on its home rail's switch, so on that HCA's NUMA node
+            gpu_switch = [rail_switch[g % rails] for g in range(gpus)]
+            gpu_numa = [rail_numa[g % rails] for g in range(gpus)]
     hca_names = [hca.format(r=r) for r in range(rails)]
     netdevs = [netdev.format(r=r) for r in range(rails)]
     IP = ipaddress.IPv4Address
@@ -368,12 +405,14 @@ def _hosts(
                     link_layer=LinkLayer.INFINIBAND,
                     netdev=netdevs[r],
                     numa_node=rail_numa[r],
+                    pcie_switch=rail_switch[r],
                     address=IP(rbase + r * rsize + h + 1),
                 )
                 for r in range(rails)
             ],
             endpoints=[endpoint(h, g) for g in range(gpus)],
             gpu_numa=gpu_numa,
+            gpu_pcie_switch=gpu_switch,
         )
         for h in range(hosts)
     ]

@@ -26,15 +26,26 @@ solve publishes this service's own in its place. Afterwards any message on those
 not one this service just published (another client's: forged, replayed, a deletion) is
 answered by publishing its own again (:meth:`TopologyService._check_live`), so the broker does
 not keep handing the other one to agents that connect.
+
+With ``leader.etcd`` or ``leader.kubernetes`` several services run for one fabric (task ``leader``,
+:mod:`linkguard.topology.leader`): each connects and reads the bus (a warm standby: the leader's
+live plans count as what is on the bus), every publish passes the leadership fence, and only
+the lease holder solves and publishes, stamping its term on every plan and peer routes message
+(its first solve re-issues every host's of another term). A leader that loses the lease stops
+publishing at once and :meth:`TopologyService.run` raises
+:class:`~linkguard.topology.leader.LeadershipLostError` (exit 1: its supervisor restarts it as a
+standby); a clean stop revokes the lease so a standby takes over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import signal
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -74,6 +85,7 @@ from linkguard.topology.fabric import (
     load_fabric,
 )
 from linkguard.topology.health import Health
+from linkguard.topology.leader import FencedBus, LeadershipLostError, leadership_from_settings
 from linkguard.topology.state import FabricState
 
 if TYPE_CHECKING:
@@ -196,12 +208,25 @@ class TopologyService:
         self.inherited_faults: FabricFaults | None = None
         self._health_degraded: list[int] = []  # degraded_rails as last published
         self._audit_kick = asyncio.Event()
+        self._offline_kick = asyncio.Event()  # a host status arrived (see _route_around)
+        #: plans and peer routes the broker did not take, by topic (see _publish_retained)
+        self.unsent: dict[str, bytes] = {}
+        self._resend_kick = asyncio.Event()
         self._kick = asyncio.Event()
         #: when to solve after a change (RFC 8405 back-off, ``solve_*`` and ``debounce_ms``)
         self.backoff = SolveBackoff(settings.backoff_policy())
         self._stop = asyncio.Event()
         self._started = time.monotonic()
         self.me = Me()
+        #: who steers (:mod:`linkguard.topology.leader`): with an election configured this
+        #: service is a warm standby (reads the bus, publishes nothing: :class:`FencedBus`)
+        #: until it holds the lease, then stamps its term on everything it publishes
+        self.leadership = leadership_from_settings(
+            settings.leader,
+            fabric=self.fabric.name,
+            identity=f"{socket.gethostname()}/{self.me.instance}",
+        )
+        self._won = asyncio.Event()  # set once this service leads (at once without election)
         self.duplicate: ServiceStatus | None = None
         self._warned: set[tuple[str, ...]] = set()
         self.bus = bus_factory(
@@ -220,14 +245,48 @@ class TopologyService:
             on_connect=self._on_connect,
             will=Will(topics.service_status(), encode(self._status(online=False))),
         )
+        if self.leadership.elected:  # every publish behind the leadership fence
+            self.bus = FencedBus(self.bus, self.leadership)  # type: ignore[assignment]
 
     def _status(self, *, online: bool) -> ServiceStatus:
+        lead = self.leadership.describe() if online and self.leadership.elected else {}
         return ServiceStatus(
             online=online,
             at=time.time(),
             version=__version__,
             instance=self.me.instance,
             started_at=self.me.started_at,
+            role=lead.get("role"),
+            term=lead.get("term"),
+        )
+
+    @property
+    def term(self) -> int | None:
+        """The leader term this service publishes with (0 without election; None: standby
+        that never led)."""
+        return self.leadership.term
+
+    async def _lead(self) -> None:
+        """Campaign (at once without election); once leading, announce it and let the solver
+        run; when the lease is lost, stop: :meth:`run` raises :class:`LeadershipLostError`
+        (the CLI exits 1, and a supervisor restarts the process as a standby)."""
+        if self.leadership.elected:
+            log.info("leader_standby", **self.leadership.describe())
+        term = await self.leadership.campaign()
+        self.state.set_term(term)
+        self._won.set()
+        if self.leadership.elected:
+            log.info("leader_active", **self.leadership.describe())
+            if self.bus.connected.is_set():  # else _on_connect announces it
+                await self.bus.publish(
+                    topics.service_status(), encode(self._status(online=True)), retain=True
+                )
+                await self._publish_health()
+        await self.leadership.lost.wait()
+        raise LeadershipLostError(
+            f"lost the leader lease (term {term}): "
+            f"{getattr(self.leadership, 'why_lost', None) or 'lost'}; stopped publishing. "
+            "Restart it (systemd Restart=on-failure does) and it waits as a standby"
         )
 
     def _warn_once(self, event: str, *key: str, **kw: object) -> None:
@@ -278,7 +337,10 @@ class TopologyService:
             asyncio.create_task(self.bus.run(), name="bus"),
             asyncio.create_task(self._solver(), name="solver"),
             asyncio.create_task(self._auditor(), name="auditor"),
+            asyncio.create_task(self._route_around(), name="route_around"),
+            asyncio.create_task(self._resender(), name="resender"),
         ]
+        tasks.append(asyncio.create_task(self._lead(), name="leader"))
         if api is not None:
             tasks.append(asyncio.create_task(api.serve(), name="api"))
         try:
@@ -302,6 +364,9 @@ class TopologyService:
             for t in [*tasks, *self._reissuing.values()]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # the lease goes now, not at its TTL: a standby takes over at its next poll
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.leadership.resign(), 5)
             if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
                 self.ledger.close()
             log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
@@ -346,6 +411,12 @@ class TopologyService:
         return api
 
     async def _on_connect(self) -> None:
+        if not self.leadership.is_leader():  # a standby: nothing of its own to put back
+            if self.state.health is None:
+                nominal = FabricFaults(at=time.time())
+                self.state.on_health(await asyncio.to_thread(self.state.assess_faults, nominal))
+            await self._publish_health()  # kept as health_doc (the API's), not published
+            return
         await self.bus.publish(
             topics.service_status(), encode(self._status(online=True)), retain=True
         )
@@ -363,8 +434,7 @@ class TopologyService:
             if now.get(m.host) is m
         ]
         self._note_sent(payloads)
-        for topic, data in payloads:
-            await self.bus.publish(topic, data, retain=True)
+        await self._publish_retained(payloads)
         if self.audit_json is not None:
             await self.bus.publish(topics.service_audit(), self.audit_json.encode(), retain=True)
         if self.faults is not None:
@@ -397,6 +467,8 @@ class TopologyService:
             "faults": self.faults.model_dump(mode="json") if self.faults else None,
             "refused": self.refused,
         }
+        if self.leadership.elected:  # {"role", "term", "backend", "key"}
+            doc["leader"] = self.leadership.describe()
         self.health_doc = doc
         await self.bus.publish(topics.service_health(), json.dumps(doc).encode(), retain=True)
         self.changes.emit("health", doc)
@@ -425,6 +497,9 @@ class TopologyService:
             await self._on_fabric_faults(msg)
             return
         unknown_host = parsed.host not in self.state.host_names
+        if parsed.kind in ("plan", "peers") and not msg.retain and not self.leadership.is_leader():
+            # a standby: the leader's live plans are what is on the bus (to issue above)
+            msg = dataclasses.replace(msg, retain=True)
         if parsed.kind in ("plan", "peers") and not msg.retain and self.signer is not None:
             if not unknown_host:
                 self._check_live(msg, parsed.kind, parsed.host)
@@ -502,10 +577,15 @@ class TopologyService:
         elif isinstance(obj, PortEvent):
             self.changes.emit("port_event", obj.model_dump(mode="json"))
         elif isinstance(obj, HostStatus):
-            self.state.on_host_status(obj)
+            was_away = obj.host in self.state.away
+            self.state.on_host_status(obj, now=time.monotonic())
             self.changes.emit("host", obj.model_dump(mode="json"))
             self._audit_kick.set()
-            log.info("host_status", host=obj.host, online=obj.online)
+            log.info("host_status", host=obj.host, online=obj.online, reason=obj.reason)
+            if was_away and obj.host not in self.state.away:
+                log.info("route_around_ended", host=obj.host, online=obj.online)
+                self._changed(urgent=False)
+            self._offline_kick.set()
         elif isinstance(obj, Ack):
             self.state.on_ack(obj)
             self.changes.emit("ack", obj.model_dump(mode="json"))
@@ -721,6 +801,11 @@ class TopologyService:
             self.dropped[exc.reason] += 1
             log.warning("message_dropped", topic=msg.topic, reason=exc.reason)
             return
+        if self.leadership.elected:
+            # the lease decides who steers: a standby and its leader both run on this broker
+            # (only the leader announces itself; a deposed one stops when its lease check
+            # fails), so another service's announcement is no duplicate
+            return
         verdict = judge(self.me, seen, retained=msg.retain)
         if verdict == Verdict.YIELD:
             log.error(
@@ -879,6 +964,7 @@ class TopologyService:
         inventory is not compared either)."""
         await self.bus.connected.wait()
         await self._settle()
+        await self._won.wait()  # a standby publishes no audit
         while True:
             self._audit_kick.clear()
             online = {h for h, up in self.state.online.items() if up}
@@ -912,6 +998,7 @@ class TopologyService:
     async def _solver(self) -> None:
         await self.bus.connected.wait()
         await self._settle()  # let retained states and plans arrive
+        await self._won.wait()  # a standby keeps its state warm but never solves
         self._settled = True
         self._warn_unknown_ports()
         await self._adopt_inherited_faults()
@@ -944,6 +1031,91 @@ class TopologyService:
                 hint="the broker may have dropped retained messages (raise mosquitto's "
                 "max_queued_messages); these hosts count as whole until their agents refresh",
             )
+
+    async def _publish_retained(self, payloads: list[tuple[str, bytes]]) -> None:
+        """Publish plans and peer routes (retained, QoS 1), :data:`PUBLISH_WINDOW` in flight
+        (messages of different hosts are independent: no round trip per host in turn). One
+        the broker did not take (disconnected, a PUBACK that never came: a NATS node times
+        out while JetStream re-elects) is kept in ``unsent`` and re-sent by
+        :meth:`_resender` until it is taken or a newer message for its topic replaces it."""
+        for i in range(0, len(payloads), PUBLISH_WINDOW):
+            chunk = payloads[i : i + PUBLISH_WINDOW]
+            done = await asyncio.gather(
+                *(self.bus.publish(topic, data, retain=True) for topic, data in chunk)
+            )
+            for (topic, data), ok in zip(chunk, done, strict=True):
+                if ok:
+                    self.unsent.pop(topic, None)
+                else:
+                    self.unsent[topic] = data
+        if self.unsent:
+            self._resend_kick.set()
+
+    async def _resender(self) -> None:
+        """Re-send what :meth:`_publish_retained` could not publish, 1 s after the failure and
+        then doubling up to 10 s, until all is taken (``plans_resent`` / ``plans_unsent``)."""
+        while True:
+            await self._resend_kick.wait()
+            self._resend_kick.clear()
+            delay = 1.0
+            while self.unsent:
+                await asyncio.sleep(delay)
+                todo = list(self.unsent.items())
+                done = await asyncio.gather(
+                    *(self.bus.publish(t, d, retain=True) for t, d in todo[:PUBLISH_WINDOW])
+                )
+                sent = 0
+                for (topic, data), ok in zip(todo, done, strict=False):
+                    if ok and self.unsent.get(topic) is data:
+                        del self.unsent[topic]
+                        sent += 1
+                if sent:
+                    log.info("plans_resent", messages=sent, left=len(self.unsent))
+                    delay = 1.0
+                else:
+                    log.warning("plans_unsent", messages=len(self.unsent), retry_in_s=delay)
+                    delay = min(10.0, delay * 2)
+
+    async def _route_around(self) -> None:
+        """Route around hosts whose agent's last will arrived and that are not back within
+        ``offline.route_around_after_s`` (:meth:`FabricState.route_around`): each is logged
+        (``host_routed_around``), emitted as a ``host`` change with ``routed_around`` and
+        solved at once. More hosts lost at once than ``offline.max_fraction`` allows logs
+        ``route_around_held`` once per episode and adds none."""
+        cfg = self.settings.offline
+        limit = cfg.limit(len(self.fabric.hosts))
+        held = False
+        while True:
+            self._offline_kick.clear()
+            r = self.state.route_around(
+                time.monotonic(), after_s=cfg.route_around_after_s, limit=limit
+            )
+            for h in r.added:
+                log.warning(
+                    "host_routed_around",
+                    host=h,
+                    after_s=cfg.route_around_after_s,
+                    hint="its agent's last will arrived and it is not back: peers get "
+                    "unreachable routes to its endpoints until it is online again",
+                )
+                self.changes.emit(
+                    "host", {"host": h, "online": False, "reason": "lost", "routed_around": True}
+                )
+            if r.added:
+                self._changed(urgent=True)
+            if r.held and not held:
+                log.error(
+                    "route_around_held",
+                    lost=len(self.state.lost),
+                    limit=limit,
+                    hint="more hosts lost at once than offline.max_fraction allows: more "
+                    "likely the broker or the management network than the hosts; none more "
+                    "is routed around",
+                )
+            held = r.held
+            timeout = None if r.due_at is None else max(0.0, r.due_at - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._offline_kick.wait(), timeout)
 
     def _changed(self, *, urgent: bool = True) -> None:
         """A change that needs a solve: schedule it (RFC 8405 back-off) and wake the solver.
@@ -981,13 +1153,7 @@ class TopologyService:
         payloads = await asyncio.to_thread(encoded)
         self._note_sent(payloads)
         t2 = time.monotonic()
-        # QoS 1: each publish waits for the broker's PUBACK; keep many in flight (messages of
-        # different hosts are independent) instead of one round trip per host in turn
-        for i in range(0, len(payloads), PUBLISH_WINDOW):
-            chunk = payloads[i : i + PUBLISH_WINDOW]
-            await asyncio.gather(
-                *(self.bus.publish(topic, data, retain=True) for topic, data in chunk)
-            )
+        await self._publish_retained(payloads)
         for h in solved.hosts:
             self.plans_published += 1
             self.plans_per_host[h] += 1

@@ -27,9 +27,10 @@ Two plan forms:
   endpoint gets a /32 route, as if every endpoint were its own prefix that is never covered.
 
 Choice of the egress rail where a route cannot use its home rail r (``home(P, g)`` = the
-``g % n``-th of P's n sorted rails): the survivors ``S`` = rails both ends can use, ordered same
-NUMA node as the failed HCA first (the HCA of rail r on the side that lost it, H when both did),
-then by rail; the route takes ``S[(offset * k + j) % len(S)]``: ``offset`` is the circular
+``g % n``-th of P's n sorted rails): the survivors ``S`` = rails both ends can use, ordered by
+nearness to the failed HCA (the HCA of rail r on the side that lost it, H when both did): on its
+PCIe switch first (``HCAInfo.pcie_switch``), then on its NUMA node, then the rest, each tier by
+rail; the route takes ``S[(offset * k + j) % len(S)]``: ``offset`` is the circular
 distance in fabric order from the side that lost r to the other host (0 for the next host;
 counted as ``-(o + 2)`` when H lost r, with ``o`` below: the same distance shifted by N), ``k``
 the number of P's GPUs homed on r and ``j`` the rank of g among them. The routes one failed rail
@@ -43,8 +44,13 @@ computes them once per class and shares them, so a leaf failure costs one comput
 and peer, not one per (host, peer).
 
 Rail assignment of local GPU g: its home HCA if usable; else the usable local HCA on the GPU's
-NUMA node (``gpu_numa[g]``, else the home HCA's node) first, then the one carrying the fewest
+PCIe switch (``gpu_pcie_switch[g]``, else the home HCA's ``pcie_switch``) first, then one on the
+GPU's NUMA node (``gpu_numa[g]``, else the home HCA's node), then the one carrying the fewest
 GPUs moved so far (GPUs in ascending order), then the lowest rail. No usable HCA: no assignment.
+An unknown switch or node (None) matches nothing: without switch ids (the default) the order is
+NUMA node, load, rail. The host layout (:mod:`linkguard.layout`, read from sysfs or an NCCL
+topology file) fills switch ids and nodes into a fabric's inventories
+(:func:`~linkguard.layout.annotate_inventory`).
 
 Backups (the agent's fast path, local knowledge only): for each usable local rail r, H is
 solved again with r added to its own unusable set (peers unchanged); the backup lists the prefix
@@ -89,10 +95,12 @@ class _Host:
     by_rail: dict[int, HCAInfo]
     home: tuple[int, ...]  # home rail per GPU
     gpu_numa: tuple[int | None, ...]
+    gpu_switch: tuple[str | None, ...]  # PCIe switch per GPU
     # per GPU: (rank among the GPUs homed on the same rail, number of GPUs homed on that rail)
     rank: tuple[tuple[int, int], ...]
-    # what the choice of a route depends on besides the usable sets: rail, netdev, NUMA node
-    sig: tuple[tuple[int, str | None, int | None], ...]
+    # what the choice of a route depends on besides the usable sets: rail, netdev, NUMA node,
+    # PCIe switch
+    sig: tuple[tuple[int, str | None, int | None, str | None], ...]
     rail_set: frozenset[int]
     home_set: frozenset[int]
 
@@ -110,12 +118,19 @@ def _index(fabric: Fabric) -> list[_Host]:
             rank.append((seen[r], per_rail[r]))
             seen[r] += 1
         numa = []
+        switch = []
         for g in range(len(inv.endpoints)):
             v = inv.gpu_numa[g] if g < len(inv.gpu_numa) else None
             if v is None and home:
                 v = by_rail[home[g]].numa_node
             numa.append(v)
-        sig = tuple((r, by_rail[r].netdev, by_rail[r].numa_node) for r in rails)
+            sw = inv.gpu_pcie_switch[g] if g < len(inv.gpu_pcie_switch) else None
+            if sw is None and home:
+                sw = by_rail[home[g]].pcie_switch
+            switch.append(sw)
+        sig = tuple(
+            (r, by_rail[r].netdev, by_rail[r].numa_node, by_rail[r].pcie_switch) for r in rails
+        )
         out.append(
             _Host(
                 inv,
@@ -124,6 +139,7 @@ def _index(fabric: Fabric) -> list[_Host]:
                 by_rail,
                 home,
                 tuple(numa),
+                tuple(switch),
                 tuple(rank),
                 sig,
                 frozenset(rails),
@@ -145,10 +161,15 @@ def _rail_choices(h: _Host, usable: frozenset[int]) -> tuple[tuple[int, int], ..
             cands = [c for c in h.rails if c in usable]
             if not cands:
                 continue
-            numa = h.gpu_numa[g]
+            numa, sw = h.gpu_numa[g], h.gpu_switch[g]
             x = min(
                 cands,
-                key=lambda c: (h.by_rail[c].numa_node != numa or numa is None, moved[c], c),
+                key=lambda c: (
+                    sw is None or h.by_rail[c].pcie_switch != sw,
+                    numa is None or h.by_rail[c].numa_node != numa,
+                    moved[c],
+                    c,
+                ),
             )
             moved[x] += 1
         out.append((g, x))
@@ -601,9 +622,9 @@ class Solver:
         return out
 
     def _make_base(self, h: _Host) -> _Base:
-        """H's base; shared by hosts with the same rails, NUMA layout and usable set."""
+        """H's base; shared by hosts with the same rails, NUMA and PCIe layout and usable set."""
         u = self._usable[h.pos]
-        key = (h.sig, h.home, h.gpu_numa, u, self.degraded)
+        key = (h.sig, h.home, h.gpu_numa, h.gpu_switch, u, self.degraded)
         base = self._base_cache.get(key)
         if base is not None:
             return base
@@ -733,18 +754,21 @@ class Solver:
         return t
 
     def _order_survivors(self, failed: _Host, both: frozenset[int], r: int) -> tuple[int, ...]:
-        """Survivors on the failed HCA's NUMA node first, then the rest, each by rail."""
+        """Survivors on the failed HCA's PCIe switch first, then on its NUMA node, then the
+        rest, each by rail."""
         key = (both, r, failed.sig)
         s = self._survivors.get(key)
         if s is not None:
             return s
         hca = failed.by_rail.get(r)
         numa = hca.numa_node if hca is not None else None
+        switch = hca.pcie_switch if hca is not None else None
 
-        def order(c: int) -> tuple[bool, int]:
+        def order(c: int) -> tuple[bool, bool, int]:
             other = failed.by_rail.get(c)
+            near = switch is not None and other is not None and other.pcie_switch == switch
             same = numa is not None and other is not None and other.numa_node == numa
-            return (not same, c)
+            return (not near, not same, c)
 
         s = tuple(sorted(both, key=order))
         self._survivors[key] = s

@@ -12,7 +12,9 @@ routes one epoch and its plans the next. A host with a compact plan acks the hig
 plan's epoch and every peer routes message's (:func:`~linkguard.models.expand_plan`), so its
 full plan in ``plans`` carries that epoch.
 
-A port counts as unusable when its status is down, held_down or suppressed, or when its leaf is
+A port counts as unusable when its status is down, held_down, suppressed or degraded (up but
+drained: error counters over a threshold, or back slower; its traffic moves as for a down port,
+with the agent's hysteresis keeping noisy counters from flapping plans), or when its leaf is
 down or cut off from its rail (switch-level faults: :meth:`FabricState.on_fabric_faults`, the
 bus message, or :meth:`FabricState.on_switch_faults`, by link index).
 ``unknown`` (never read, or unreadable) counts as usable: no information never turns into a
@@ -40,9 +42,11 @@ from linkguard.topology.fabric import Fabric
 from linkguard.topology.health import Health, SwitchModel
 from linkguard.topology.solver import Solver
 
-__all__ = ["UNUSABLE", "FabricState", "Solved"]
+__all__ = ["UNUSABLE", "FabricState", "RouteAround", "Solved"]
 
-UNUSABLE = frozenset({PortStatus.DOWN, PortStatus.HELD_DOWN, PortStatus.SUPPRESSED})
+UNUSABLE = frozenset(
+    {PortStatus.DOWN, PortStatus.HELD_DOWN, PortStatus.SUPPRESSED, PortStatus.DEGRADED}
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,17 @@ class FullPlans(Mapping[str, Plan]):
 
 
 @dataclass(frozen=True)
+class RouteAround:
+    """:meth:`FabricState.route_around`'s answer: hosts routed around from now on, whether
+    more hosts are lost than may be routed around at once (nothing added then), and when the
+    next lost host's grace period ends (monotonic s; None: none waiting)."""
+
+    added: list[str]
+    held: bool
+    due_at: float | None
+
+
+@dataclass(frozen=True)
 class Solved:
     hosts: list[str]  # hosts whose full plan changed, in host order
     epoch: int
@@ -120,6 +135,12 @@ class FabricState:
     epoch_start: int
     ports: dict[tuple[str, str], PortState] = field(default_factory=dict)  # (host, "hca/port")
     online: dict[str, bool] = field(default_factory=dict)
+    #: hosts whose agent's last will arrived (and has not come back): when it was seen
+    #: (monotonic s, the caller's ``now``)
+    lost: dict[str, float] = field(default_factory=dict)
+    #: hosts routed around (:meth:`route_around`): all their rails count as unusable, and
+    #: their own plans are not re-published until they are back
+    away: set[str] = field(default_factory=set)
     #: what is on the bus: plans (compact or full) and peer routes, retained or published
     published: dict[str, Plan] = field(default_factory=dict)
     peers: dict[str, PeerRoutes] = field(default_factory=dict)
@@ -132,11 +153,15 @@ class FabricState:
     health: Health | None = field(default=None, repr=False)
     #: compact plans + shared peer routes where the fabric allows (:class:`Solver` ``shared``)
     shared: bool = True
+    #: the leader term stamped on every plan and peer routes message (0: no election;
+    #: :mod:`linkguard.topology.leader`); set with :meth:`set_term`
+    term: int = 0
 
     def __post_init__(self) -> None:
         self._epoch = self.epoch_start - 1
         self._hosts = {h.host for h in self.fabric.hosts}
         self._rail_of = {(h.host, hca.key): hca.rail for h in self.fabric.hosts for hca in h.hcas}
+        self._rails_of = {h.host: frozenset(hca.rail for hca in h.hcas) for h in self.fabric.hosts}
         self._switches: SwitchModel | None = None
         self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
         self._peers_epoch = 0  # the highest epoch of the peer routes on the bus
@@ -155,6 +180,16 @@ class FabricState:
     def epoch(self) -> int:
         return self._epoch
 
+    def set_term(self, term: int) -> None:
+        """Issue as leader of ``term`` from now on: every host's plan and peer routes on the
+        bus of another term is published again at the next solve, stamped with ``term`` (so
+        each agent learns the new term and refuses the deposed leader's), with a new epoch."""
+        if term == self.term:
+            return
+        self.term = term
+        for h in set(self.published) | set(self.peers):
+            self._arrived_late(h)
+
     def on_port_state(self, st: PortState) -> bool:
         """Record ``st``; True when it changes which rails are usable (a solve is due).
         States of ports the fabric does not know are recorded in ``ignored_ports``."""
@@ -170,8 +205,37 @@ class FabricState:
         self.dirty |= changed
         return changed
 
-    def on_host_status(self, hs: HostStatus) -> None:
+    def on_host_status(self, hs: HostStatus, *, now: float = 0.0) -> None:
+        """Record ``hs`` seen at ``now`` (monotonic s). A last will (``reason="lost"``) starts
+        the host's grace period (:meth:`route_around`); the agent back online ends it and
+        returns a routed-around host's rails to its port states (``dirty`` set)."""
         self.online[hs.host] = hs.online
+        if hs.online or hs.reason != "lost":
+            self.lost.pop(hs.host, None)
+            if hs.host in self.away:
+                self.away.discard(hs.host)
+                self.dirty = True
+        elif hs.host in self._hosts:
+            self.lost.setdefault(hs.host, now)
+
+    def route_around(self, now: float, *, after_s: float | None, limit: int) -> RouteAround:
+        """Which hosts lost ``after_s`` ago or more (their last will, see
+        :meth:`on_host_status`) to route around from now on: all their rails count as unusable
+        (``dirty`` set when any), so every peer's plan marks their endpoints ``unreachable``.
+        At most ``limit`` hosts are routed around at once: while more are lost (or routed
+        around), none is added (``held``). Pure: ``now`` and the limits come from the caller.
+        ``after_s`` None: never (nothing is added, nothing is due)."""
+        if after_s is None:
+            return RouteAround(added=[], held=False, due_at=None)
+        lost = set(self.lost) - self.away
+        if len(lost | self.away) > limit:
+            return RouteAround(added=[], held=True, due_at=None)
+        added = sorted(h for h in lost if now - self.lost[h] >= after_s)
+        if added:
+            self.away.update(added)
+            self.dirty = True
+        waiting = [self.lost[h] + after_s for h in lost.difference(added)]
+        return RouteAround(added=added, held=False, due_at=min(waiting) if waiting else None)
 
     def on_retained_plan(self, plan: Plan) -> None:
         """A plan published before this process started: diff against it, issue above it."""
@@ -275,7 +339,7 @@ class FabricState:
         self.acks[ack.host] = ack
 
     def unusable(self) -> dict[str, frozenset[int]]:
-        out: dict[str, set[int]] = {}
+        out: dict[str, set[int]] = {h: set(self._rails_of[h]) for h in self.away}
         for (host, key), st in self.ports.items():
             if st.status in UNUSABLE:
                 out.setdefault(host, set()).add(self._rail_of[(host, key)])
@@ -337,32 +401,38 @@ class FabricState:
         """Take a solve done elsewhere (a worker thread): keep and number the plans and peer
         routes that differ from the ones on the bus, and the full plans. Epochs are re-numbered
         if this state moved past the solve's epoch meanwhile (a retained plan with a higher
-        epoch arrived)."""
+        epoch arrived). Each carries :attr:`term`; one on the bus of another term counts as
+        differing (:meth:`set_term`)."""
+        # a host routed around keeps the plan it had: it is not there to apply one, and an
+        # agent coming back must not start from a plan without any usable rail
         publish = [
             p
             for h, p in sorted(fresh.published.items())
-            if not p.same_assignments(self.published.get(h))
+            if h not in self.away
+            and (not p.same_assignments(self.published.get(h)) or self._other_term(h))
         ]
         peers = [
-            pr for h, pr in sorted(fresh.peers.items()) if not pr.same_routes(self.peers.get(h))
+            pr
+            for h, pr in sorted(fresh.peers.items())
+            if not pr.same_routes(self.peers.get(h)) or self._other_term(h, peers=True)
         ]
         if publish or peers:
             epoch = max(self._epoch + 1, (publish or peers)[0].epoch)
             if peers:
-                peers = [pr.model_copy(update={"epoch": epoch}) for pr in peers]
+                peers = [pr.model_copy(update={"epoch": epoch, "term": self.term}) for pr in peers]
                 self._peers_epoch = epoch
                 # plans of the same solve one above: a host whose plan changes acks that
                 # plan, never the peer routes alone (the service publishes full plans, then
                 # peer routes, then compact plans)
                 epoch += bool(publish)
-            publish = [p.model_copy(update={"epoch": epoch}) for p in publish]
+            publish = [p.model_copy(update={"epoch": epoch, "term": self.term}) for p in publish]
             self._epoch = epoch
             self.published.update((p.host, p) for p in publish)
             self.peers.update((pr.host, pr) for pr in peers)
         # the full plans follow: every compact one moves with new peer routes
         self.plans.forget(None if peers else ())
         self.plans.forget(p.host for p in publish)
-        changed = [h for h in fresh.changed if h in self.published]
+        changed = [h for h in fresh.changed if h in self.published and h not in self.away]
         return Solved(
             hosts=changed,
             epoch=self._epoch,
@@ -371,6 +441,11 @@ class FabricState:
             peers=peers,
             full=self.plans,
         )
+
+    def _other_term(self, host: str, *, peers: bool = False) -> bool:
+        """True when ``host``'s plan (``peers``: peer routes) on the bus has another term."""
+        on_bus = (self.peers if peers else self.published).get(host)
+        return on_bus is not None and on_bus.term != self.term
 
     def acked_epoch(self, host: str) -> int | None:
         """The epoch ``host`` acks once it applied what it should (None: no plan yet): its

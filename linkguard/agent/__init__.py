@@ -2,5 +2,7 @@
 
 Consumes: port observations from a driver (:mod:`linkguard.drivers`), plans for this host from
 the bus. Produces: port states and events (``monitor``: hold-down and damping, pure), routes in
-linkguard's own table, the rail map file and acks (``applier``), all wired in ``daemon``.
+linkguard's own table, the rail map file and acks (``applier``), each change of what jobs see
+(``railmap``) handed to job-facing commands (``hooks``) and to local subscribers over a Unix
+socket (``localsub``), all wired in ``daemon``.
 """

@@ -230,6 +230,7 @@ class Applier:
             netdevs=self.netdevs,
             prefixes=self.prefixes,
             checked=self.plan,
+            applied_term=self.plan.term if self.plan is not None else 0,
         )
 
     async def apply(self, plan: Plan, *, same_epoch: bool = False, persist: bool = True) -> Ack:

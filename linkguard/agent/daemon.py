@@ -3,7 +3,10 @@
 Tasks (one asyncio TaskGroup, named): ``watch`` (driver observations -> monitor -> bus +
 fast path), ``timer`` (monitor deadlines: hold-down expiry, penalty decay), ``refresh``
 (re-publish every port state), ``bus`` (MQTT session; plans and peer routes in,
-states/events/acks out). Plans are handled in arrival order in the bus task; the monitor and
+states/events/acks out), ``hooks`` (job-facing commands, :mod:`linkguard.agent.hooks`) and
+``rails-socket`` (:mod:`linkguard.agent.localsub`): both get each change of what jobs see
+(:mod:`linkguard.agent.railmap`) after a plan, a fast path or a port event, and the event
+loop never waits for them. Plans are handled in arrival order in the bus task; the monitor and
 applier are only touched from the event loop, so no locks are needed beyond the applier lock
 around kernel changes. A compact plan (``Plan.shared``) is applied expanded with the retained
 peer routes (``peers/+``, :func:`~linkguard.models.expand_plan`), again whenever one of them
@@ -29,15 +32,24 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import structlog
 from pydantic import BaseModel
 
 from linkguard import __version__, topics
 from linkguard.agent.applier import Applier, RouteTableLike, atomic_write
-from linkguard.agent.inventory import DiscoveredPort, build_inventory
+from linkguard.agent.hooks import HookRunner
+from linkguard.agent.inventory import (
+    DiscoveredPort,
+    build_inventory,
+    pci_root,
+    read_host_layout,
+    with_layout,
+)
+from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import MonitorOutput, PortMonitor
+from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.bus import Bus, BusMessage, Will
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
@@ -57,6 +69,7 @@ from linkguard.models import (
     encode,
     expand_plan,
 )
+from linkguard.nccl import NcclFiles
 from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.signing import SignatureError, Verifier, unwrap
 
@@ -108,6 +121,7 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
     from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource
 
     if settings.driver == "sysfs":
+        from linkguard.drivers.ethtool_stats import read_ethtool_stats
         from linkguard.drivers.merged import CarrierMergedSource
         from linkguard.drivers.sysfs_ib import SysfsIBSource
 
@@ -115,6 +129,18 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
             root=settings.sysfs_root,
             interval_s=settings.poll_interval_ms / 1000,
             ports={h.key for h in inventory.hcas},
+            phy_stats=read_ethtool_stats,  # RoCE PHY counters for counter health
+        )
+        from linkguard.drivers.verbs_events import with_verbs_events
+
+        sysfs = with_verbs_events(  # async events trigger re-reads (polling stays the truth)
+            sysfs,
+            mode=settings.verbs_events,
+            driver=settings.driver,
+            sysfs_root=settings.sysfs_root,
+            python=settings.verbs_python,
+            hcas={h.hca for h in inventory.hcas},
+            reader=settings.verbs_reader,
         )
         # RoCE: the netdev's carrier (netlink) is the health signal; sysfs adds the RDMA view.
         roce = [h for h in inventory.hcas if h.link_layer == LinkLayer.ETHERNET and h.netdev]
@@ -207,7 +233,17 @@ class Agent:
 
                 table = MemoryRouteTable()
         self.table = table
-        self.monitor = PortMonitor(host=self.host, policy=settings.damping, rails=self.rails)
+        self.monitor = PortMonitor(
+            host=self.host,
+            policy=settings.damping,
+            rails=self.rails,
+            health=settings.counter_health,
+            expected_rates={
+                f"{p.hca}/{p.port}": p.expected_rate_gbps
+                for p in settings.ports
+                if p.expected_rate_gbps is not None
+            },
+        )
         self._history_path = settings.state_dir / "damping.json"
         self._restore_history()
         self.applier = Applier(
@@ -220,7 +256,22 @@ class Agent:
             verifier=self.verifier,
             require_signed=self.require_signed,
         )
+        #: NCCL settings for jobs starting now, next to the rail map (linkguard.nccl)
+        self.nccl = NcclFiles(settings.rail_map_path.parent, topology_file=settings.nccl_topo_file)
         self.stats = AgentStats()
+        #: what jobs see: changes go to the hooks and the rails socket (linkguard.agent.railmap)
+        self.rail_changes = RailChanges(self.host)
+        self.hooks = HookRunner(settings.hooks)
+        self.rails_socket = (
+            RailMapServer(
+                settings.rails_socket,
+                current=lambda: self.rail_changes.current(now=time.time()),
+                group=settings.rails_socket_group,
+                queue=settings.rails_socket_queue,
+            )
+            if settings.rails_socket is not None
+            else None
+        )
         #: Prometheus metrics (its own registry); the exporter runs while :meth:`run` does
         self.metrics = AgentMetrics(self)
         self.last_ack: Ack | None = None
@@ -234,6 +285,11 @@ class Agent:
         self._cleared_logged = False  # plan_cleared said since the last plan
         self.plan_received: Plan | None = None  # the last plan off the bus (compact or full)
         self.peers: dict[str, PeerRoutes] = {}  # retained peer routes, by peer
+        #: the highest leader term seen on a plan or peer routes message taken in hand
+        #: (persisted in ``state_dir/term``): anything of a lower term is a deposed
+        #: leader's and is refused (``deposed_leader``)
+        self.term = 0
+        self._term_path = settings.state_dir / "term"
         self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
@@ -247,13 +303,16 @@ class Agent:
             ],
             handler=self._on_message,
             on_connect=self._on_connect,
-            will=Will(topics.status(self.host), encode(self._status(online=False))),
+            will=Will(topics.status(self.host), encode(self._status(online=False, reason="lost"))),
         )
 
-    def _status(self, *, online: bool) -> HostStatus:
+    def _status(
+        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
+    ) -> HostStatus:
         return HostStatus(
             host=self.host,
             online=online,
+            reason=reason,
             at=time.time(),
             version=__version__,
             instance=self.me.instance,
@@ -301,13 +360,49 @@ class Agent:
                 "; host names must be unique (cloned machine?). Set `host:` in the config."
             )
 
+    async def _read_layout(self) -> None:
+        """Add the host layout (PCIe switch per HCA and GPU) to the inventory before it is
+        announced: read once, off the event loop, from ``nccl_topo_file`` or the PCI sysfs
+        tree (not with the simulated driver). Never fatal: without it the inventory has no
+        switch ids (the service then ranks alternates by NUMA node), said once in the log."""
+        s = self.settings
+        sysfs = pci_root(s.sysfs_root) if s.driver != "simulated" else None
+        try:
+            layout = await asyncio.to_thread(
+                read_host_layout, nccl_topo_file=s.nccl_topo_file, sysfs=sysfs
+            )
+        except Exception as exc:  # LayoutError, or anything unforeseen: never fatal
+            layout, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            self.inventory, why = with_layout(self.inventory, layout)
+        if why is not None:
+            # a configured file that fails: warning; a host without a PCI tree: info;
+            # the simulated driver (no layout source at all): debug
+            level = (
+                log.warning
+                if s.nccl_topo_file is not None
+                else (log.info if sysfs is not None else log.debug)
+            )
+            level("host_layout_unavailable", host=self.host, reason=why[:500])
+            return
+        log.info(
+            "host_layout",
+            host=self.host,
+            source=layout.source,
+            gpu_pcie_switch=self.inventory.gpu_pcie_switch,
+            hca_pcie_switch={h.key: h.pcie_switch for h in self.inventory.hcas},
+            problems=len(layout.problems),
+        )
+
     async def _run(self) -> None:
+        await self._read_layout()
         async with self._lock:
             await self.applier.start()
         if self.applier.restored is not None:  # retained copies of these change nothing,
             # and older ones (replays) are stale against them
             self.plan_received, peers = self.applier.restored
             self.peers = dict(peers)
+        self._restore_term()
         if self.applier.plan is not None:  # announced on connect: replaces a stale one
             errors = self.applier.last_result.errors if self.applier.last_result else []
             self.last_ack = Ack(
@@ -317,6 +412,8 @@ class Agent:
                 error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
                 applied_at=time.time(),
             )
+        if self.applier.plan is not None:
+            self._rail_change("start")
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.bus.run(), name="bus")
@@ -324,13 +421,16 @@ class Agent:
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
                 tg.create_task(self._expect_plan(), name="expect-plan")
+                tg.create_task(self.hooks.run(), name="hooks")
+                if self.rails_socket is not None:
+                    tg.create_task(self.rails_socket.serve(), name="rails-socket")
                 await self._stop.wait()
                 if self.duplicate is None:  # never mark the other instance offline
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(
                             self.bus.publish(
                                 topics.status(self.host),
-                                encode(self._status(online=False)),
+                                encode(self._status(online=False, reason="stopped")),
                                 retain=True,
                             ),
                             2,
@@ -370,6 +470,41 @@ class Agent:
         restored = self.monitor.restore(doc, now=time.monotonic(), wall=time.time())
         if restored:
             log.info("damping_history_restored", ports=restored)
+
+    def _restore_term(self) -> None:
+        """The highest term of the previous run: its file, or the restored plan's and peer
+        routes' (whichever is higher). An unreadable file counts as 0 (logged)."""
+        try:
+            self.term = int(self._term_path.read_text().strip())
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("term_unreadable", path=str(self._term_path), error=str(exc)[:200])
+        taken = [self.plan_received, *self.peers.values()]
+        self.term = max([self.term, *(m.term for m in taken if m is not None)])
+
+    def _deposed(self, msg: BusMessage, term: int, epoch: int) -> bool:
+        """True (counted in ``plans_refused["deposed_leader"]``, logged, never applied nor
+        acked) when ``term`` is below the highest seen: a deposed leader's message. Else a
+        higher ``term`` becomes the highest seen (persisted)."""
+        if term < self.term:
+            self.stats.plans_refused["deposed_leader"] += 1
+            log.warning(
+                "plan_refused",
+                topic=msg.topic,
+                epoch=epoch,
+                reason="deposed_leader",
+                detail=f"term {term} < {self.term} seen: a deposed topology service's",
+            )
+            return True
+        if term > self.term:
+            log.info("leader_term_seen", term=term, previous=self.term, topic=msg.topic)
+            self.term = term
+            try:
+                atomic_write(self._term_path, f"{term}\n", mode=0o600)
+            except OSError as exc:
+                log.warning("term_not_saved", path=str(self._term_path), error=str(exc)[:200])
+        return False
 
     def _save_history(self) -> None:
         try:
@@ -464,14 +599,17 @@ class Agent:
             return
         self._cleared_logged = False
         plan = self._decode(Plan, msg, self.host)
-        if plan is None:
+        if plan is None or self._deposed(msg, plan.term, plan.epoch):
             return
-        # older than the plan in hand (a replay, or a late retained copy): never taken in hand
-        have = self.plan_received.epoch if self.plan_received is not None else None
-        if have is not None and plan.epoch < have and plan.shared is not None:
+        # older than the plan in hand (a replay, or a late retained copy): never taken in hand.
+        # (term, epoch): a new leader's epochs count above any of a lower term
+        got = self.plan_received
+        have = got.epoch if got is not None else None
+        older = got is not None and (plan.term, plan.epoch) < (got.term, got.epoch)
+        if have is not None and older and plan.shared is not None:
             self._stale(msg, plan.epoch, have)
             return
-        if have is not None and plan.epoch < have:  # refused as the applier refuses it
+        if have is not None and older:  # refused as the applier refuses it
             self.stats.plans_refused["stale_epoch"] += 1
             log.warning(
                 "plan_refused",
@@ -489,7 +627,7 @@ class Agent:
             return
         self.plan_received = plan
         applied = self.applier.plan
-        if applied is not None and plan.epoch == applied.epoch:
+        if applied is not None and (plan.term, plan.epoch) == (applied.term, applied.epoch):
             if plan.same_assignments(applied):
                 log.debug("plan_already_applied", epoch=plan.epoch)
                 return
@@ -572,10 +710,10 @@ class Agent:
                 await self._apply_expanded()
             return
         pr = self._decode(PeerRoutes, msg, peer)
-        if pr is None:
+        if pr is None or self._deposed(msg, pr.term, pr.epoch):
             return
         old = self.peers.get(peer)
-        if old is not None and old.epoch >= pr.epoch:
+        if old is not None and (old.term, old.epoch) >= (pr.term, pr.epoch):
             self._stale(msg, pr.epoch, old.epoch)
             return
         outside = [e for e in pr.endpoints if not self._in_scope(e)]
@@ -631,9 +769,9 @@ class Agent:
             )
             return False
         applied = self.applier.plan
-        if applied is not None and (
-            full.epoch < applied.epoch
-            or (full.epoch == applied.epoch and full.same_assignments(applied))
+        mine, theirs = (full.term, full.epoch), (applied.term, applied.epoch) if applied else None
+        if theirs is not None and (
+            mine < theirs or (mine == theirs and full.same_assignments(applied))
         ):
             return True
         return await self._apply(full, same_epoch=True, persist=False)
@@ -659,12 +797,21 @@ class Agent:
         if ack.result == AckResult.REFUSED:
             reason = (ack.error or "").split(":", 1)[0]
             self.stats.plans_refused[reason] += 1
-            if reason == "stale_epoch":
+            if reason in ("stale_epoch", "deposed_leader"):
                 return False  # an old retained plan; nothing to report to the service
         else:
             self.stats.plans_applied += 1
+            self._rail_change("plan")
         await self._send_ack(ack)
+        if ack.result != AckResult.REFUSED:
+            self._render_nccl()  # after the ack: never delays it
         return ack.result != AckResult.REFUSED
+
+    def _render_nccl(self) -> None:
+        """Rewrite the NCCL files from the applied plan and the ports' states (only what
+        changed; a failure is logged by :class:`~linkguard.nccl.NcclFiles`, never raised)."""
+        states = [self.monitor.state(h.key) for h in self.inventory.hcas]
+        self.nccl.update(self.inventory, [s for s in states if s is not None], self.applier.plan)
 
     def _on_plan_cleared(self) -> None:
         """A zero-length payload on the plan topic: MQTT's deletion of the retained plan (the
@@ -698,7 +845,13 @@ class Agent:
         self.metrics.observe_events(out.events)
         for ev in out.events:
             key = f"{ev.hca}/{ev.port}"
-            if ev.current == PortStatus.DOWN and ev.previous in (PortStatus.UP, PortStatus.UNKNOWN):
+            # DEGRADED -> DOWN too: the service may not have drained it yet (UP -> DEGRADED
+            # itself is no emergency: no fast path, the service re-plans)
+            if ev.current == PortStatus.DOWN and ev.previous in (
+                PortStatus.UP,
+                PortStatus.UNKNOWN,
+                PortStatus.DEGRADED,
+            ):
                 async with self._lock:
                     ack = await self.applier.port_down(key)
                 if ack is not None:
@@ -711,6 +864,7 @@ class Agent:
                         apply_ms=round(ack.apply_ms or 0, 2),
                     )
                     await self._send_ack(ack)
+                    self._rail_change("fast_path")
             elif ev.current == PortStatus.UP:
                 self.applier.port_up(key)
         for st in out.states:
@@ -728,8 +882,29 @@ class Agent:
                 await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
         if out.events:
             self._save_history()
+            self._rail_change("port_event")
+        if out.events or out.states:
+            self._render_nccl()
         self._deadline = out.next_deadline
         self._wake.set()
+
+    def _rail_change(self, reason: str) -> None:
+        """Hand what jobs see (GPU -> HCA map, rails lost, ports out of use) to the hooks and
+        the rails socket when it changed (:mod:`linkguard.agent.railmap`); never waits."""
+        if not self.settings.hooks and self.rails_socket is None:
+            return
+        view = rail_view(
+            plan=self.applier.plan,
+            locally_down=self.applier.locally_down,
+            rails=self.rails,
+            states=self.monitor.snapshot(wall=time.time()),
+        )
+        change = self.rail_changes.observe(view, now=time.time(), reason=reason)
+        if change is None:
+            return
+        self.hooks.submit(change)
+        if self.rails_socket is not None:
+            self.rails_socket.publish(change)
 
     async def _watch(self) -> None:
         async for batch in self.source.watch():

@@ -3,6 +3,10 @@
 Rail index comes from the config when given, else from PCI address order of the discovered
 HCAs (the order the PCIe topology fixes, identical on every host of a homogeneous fleet);
 never from the HCA's name (``mlx5_3`` can be any rail after a firmware or driver change).
+
+The host layout (which GPU sits near which HCA: PCIe switch, NUMA node; :mod:`linkguard.layout`)
+is added by :func:`read_host_layout` + :func:`with_layout`, once at agent start: from the NCCL
+topology file when the config names one, else from the PCI sysfs tree next to the IB driver's.
 """
 
 from __future__ import annotations
@@ -10,13 +14,22 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import ValidationError
 
 from linkguard.config import PortConfig
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 
-__all__ = ["DiscoveredPort", "InventoryError", "build_inventory", "compute_ports"]
+__all__ = [
+    "DiscoveredPort",
+    "InventoryError",
+    "build_inventory",
+    "compute_ports",
+    "pci_root",
+    "read_host_layout",
+    "with_layout",
+]
 
 
 class InventoryError(ValueError):
@@ -122,3 +135,54 @@ def _brief(exc: ValueError) -> str:
             for e in exc.errors()[:5]
         )
     return str(exc)
+
+
+# --------------------------------------------------------------------------------------------
+# host layout
+
+
+def pci_root(sysfs_root: Path) -> Path | None:
+    """The sysfs mount the PCI tree is read under (``<root>/bus/pci/devices``), from the IB
+    driver's ``sysfs_root``: ``/sys`` for ``/sys/class/infiniband`` (any ``X/class/infiniband``
+    gives X); None for any other path (a copied tree of the IB class alone has no PCI tree)."""
+    if sysfs_root.name == "infiniband" and sysfs_root.parent.name == "class":
+        return sysfs_root.parent.parent
+    return None
+
+
+def read_host_layout(*, nccl_topo_file: Path | None, sysfs: Path | None):
+    """This host's :class:`~linkguard.layout.HostLayout`: from ``nccl_topo_file`` when given
+    (:func:`~linkguard.layout.load_nccl_topo`), else from the PCI tree under ``sysfs``
+    (:func:`~linkguard.drivers.pci.read_pci_layout`) when it has a ``bus/pci/devices``, else
+    None. Blocking file I/O (run it off
+    the event loop). Raises :class:`~linkguard.layout.LayoutError` for an NCCL file that cannot
+    be used; a bad sysfs value never raises (it is one of the layout's ``problems``)."""
+    if nccl_topo_file is not None:
+        from linkguard.layout import load_nccl_topo
+
+        return load_nccl_topo(nccl_topo_file)
+    if sysfs is None or not (sysfs / "bus" / "pci" / "devices").is_dir():
+        return None
+    from linkguard.drivers.pci import read_pci_layout
+
+    return read_pci_layout(sysfs)
+
+
+def with_layout(inv: HostInventory, layout) -> tuple[HostInventory, str | None]:
+    """``(inventory annotated with layout, None)`` (:func:`~linkguard.layout.annotate_inventory`:
+    ``pcie_switch`` per HCA, ``gpu_pcie_switch``, NUMA nodes left open), or ``(inv, why)`` with
+    ``inv`` unchanged when the layout has nothing for this host (no GPU and no HCA of the
+    inventory) or does not fit it (:class:`~linkguard.layout.LayoutError`). Never raises."""
+    from linkguard.layout import LayoutError, annotate_inventory
+
+    if layout is None:
+        return inv, "no layout source: no nccl_topo_file, no PCI sysfs tree"
+    names = {h.hca for h in inv.hcas}
+    bdfs = {(h.pci_address or "").lower() for h in inv.hcas} - {""}
+    known = [n for n in layout.nics if n.name in names or n.bdf in bdfs]
+    if not layout.gpus and not known:
+        return inv, f"{layout.source or 'layout'}: no GPU and none of the host's HCAs found"
+    try:
+        return annotate_inventory(inv, layout), None
+    except LayoutError as exc:
+        return inv, str(exc)

@@ -21,6 +21,19 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
   stability after each return.
 * An unreadable reading (``state`` and ``carrier`` both None) never changes the status.
 * The first readable observation of a port is UP or DOWN at once (no hold-down at agent start).
+* A port that would be UP is DEGRADED (up, but drained by the service) while
+  (a) its error counters are over a threshold (:mod:`linkguard.agent.health`: rates over a
+  window, with hysteresis), or (b) the re-admission check failed. The re-admission check runs
+  once, when a hold-down (or suppression) ends: the port's latest reading (the sysfs driver
+  re-reads rate and link layer at most ``counters_interval_s`` = 1 s earlier, the GID table at
+  its last state change or re-discovery) is compared with what it had while last UP. A rate
+  below that (or below the port's configured ``expected_rates``) -> DEGRADED
+  ``"rate 200 < 400 Gb/s"`` until the rate is back; a changed link layer -> DEGRADED
+  ``"link_layer InfiniBand -> Ethernet"`` until it is back (logged); GID indexes that moved are
+  logged and published as ``gid_index_changed`` (the port is still re-admitted).
+* DEGRADED is not an emergency: no fast path (the agent's fast path acts on DOWN only); the
+  topology service counts it unusable and re-plans. A DEGRADED port that goes down flaps like
+  an UP one.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from typing import Literal, NamedTuple
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from linkguard.agent.health import CounterHealth, CounterHealthPolicy
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
     DampingStatus,
@@ -51,6 +65,7 @@ __all__ = [
     "MonitorOutput",
     "PortMonitor",
     "RawVerdict",
+    "gid_moves",
     "raw_usability",
 ]
 
@@ -254,6 +269,17 @@ def raw_usability(obs: PortObservation, *, link_layer: LinkLayer | None = None) 
     return RawVerdict(False, _PHYS_REASON[phys])
 
 
+def gid_moves(before: Mapping[int, str], after: Mapping[int, str]) -> list[str]:
+    """The GID indexes that a job may no longer use as it did (``NCCL_IB_GID_INDEX``,
+    ``ib_write_bw -x``): each index of ``before`` (index -> GID, non-empty entries) that now
+    holds another GID or none, as ``"<index>: <old> -> <new or None>"``, by index. A GID value
+    may legitimately sit at two indexes (RoCE v1 and v2 entries), so indexes are compared, not
+    values; new entries at unused indexes are not moves."""
+    return [
+        f"{i}: {gid} -> {after.get(i)}" for i, gid in sorted(before.items()) if after.get(i) != gid
+    ]
+
+
 def _check_wall(wall: float) -> None:
     if not (math.isfinite(wall) and wall >= 0):
         raise ValueError(f"wall must be Unix seconds >= 0, got {wall!r}")
@@ -282,6 +308,13 @@ class _Port:
     published: PortState | None = None
     published_key: tuple | None = None
     logged: set[str] = field(default_factory=set)
+    # counter health and re-admission (DEGRADED)
+    health_reason: str | None = None  # set while the counters are over a threshold
+    readmit_reason: str | None = None  # set while the re-admission check fails
+    ref_rate: float | None = None  # highest rate (Gb/s) read while UP
+    admitted_layer: LinkLayer | None = None  # link layer while last UP
+    admitted_gids: Mapping[int, str] | None = None  # GID table while last UP
+    gid_index_changed: bool = False
 
 
 class PortMonitor:
@@ -295,7 +328,13 @@ class PortMonitor:
     """
 
     def __init__(
-        self, *, host: str, policy: DampingPolicy, rails: Mapping[str, int] = _NO_RAILS
+        self,
+        *,
+        host: str,
+        policy: DampingPolicy,
+        rails: Mapping[str, int] = _NO_RAILS,
+        health: CounterHealthPolicy | None = None,
+        expected_rates: Mapping[str, float] = _NO_RAILS,
     ) -> None:
         try:
             PortRef(host=host, hca="probe", port=1)
@@ -304,6 +343,9 @@ class PortMonitor:
         self.host = host
         self.policy = policy
         self._rails = dict(rails or {})
+        self._health = CounterHealth(health)
+        #: "hca/port" -> the rate (Gb/s) the port must run at to be re-admitted UP
+        self._expected = dict(expected_rates or {})
         self._ports: dict[str, _Port] = {}
         self._rejected: set[str] = set()
         self._seq = 0
@@ -467,6 +509,9 @@ class PortMonitor:
         if obs.netdev is not None:
             p.netdev = obs.netdev
         verdict = raw_usability(obs, link_layer=p.link_layer)
+        if obs.present:  # deltas only between two usable readings (training counts errors)
+            usable = verdict.usable is True and p.raw is True and p.unreadable is None
+            self._health.observe(obs.key, obs.counters, obs.saturated, usable=usable, now=now)
         if not obs.present and p.raw is None:
             # never seen: a configuration mistake (a netdev or HCA name typo), not a fault that
             # should move traffic; a device that was there and vanished is a fault (DOWN)
@@ -495,6 +540,7 @@ class PortMonitor:
     def _flap(self, p: _Port, now: float) -> None:
         pol = self.policy
         self._expire(p, now)
+        self._health.flap(f"{p.hca}/{p.port}", now=now)
         p.flaps += 1
         p.last_flap = now
         p.hold_until = None
@@ -530,8 +576,67 @@ class PortMonitor:
             return PortStatus.SUPPRESSED
         if p.hold_until is not None and now < p.hold_until:
             return PortStatus.HELD_DOWN
+        if p.hold_until is not None:  # the hold-down is over: the re-admission check
+            self._readmit(p)
         p.hold_until = None
+        return self._up_or_degraded(p, now)
+
+    # -- degraded: counter health and re-admission ----------------------------------------------
+    def _up_or_degraded(self, p: _Port, now: float) -> PortStatus:
+        """UP, or DEGRADED while the counters or the re-admission check say so; an UP port's
+        rate, link layer and GID table become the reference for its next re-admission."""
+        key = f"{p.hca}/{p.port}"
+        health = self._health.evaluate(key, now=now)
+        p.health_reason = health.reason if health.degraded else None
+        o = p.obs
+        if p.readmit_reason is not None and o is not None:
+            ref = self._ref_rate(p)
+            rate_ok = o.rate_gbps is None or ref is None or o.rate_gbps >= ref
+            layer_ok = p.admitted_layer is None or p.link_layer == p.admitted_layer
+            if rate_ok and layer_ok:
+                log.info(
+                    "port_readmission_recovered", host=self.host, port=key, was=p.readmit_reason
+                )
+                p.readmit_reason = None
+        if p.readmit_reason is not None or p.health_reason is not None:
+            return PortStatus.DEGRADED
+        if o is not None:
+            if o.rate_gbps:
+                p.ref_rate = max(p.ref_rate or 0.0, o.rate_gbps)
+            p.admitted_layer = p.link_layer
+            if o.gids is not None:
+                p.admitted_gids = o.gids
         return PortStatus.UP
+
+    def _ref_rate(self, p: _Port) -> float | None:
+        return self._expected.get(f"{p.hca}/{p.port}") or p.ref_rate
+
+    def _readmit(self, p: _Port) -> None:
+        """Compare the port coming back from hold-down with what it was while last UP (rate,
+        link layer, GID table); sets ``readmit_reason`` / ``gid_index_changed`` and logs."""
+        o, key = p.obs, f"{p.hca}/{p.port}"
+        if o is None:
+            return
+        reasons = []
+        ref = self._ref_rate(p)
+        if o.rate_gbps is not None and ref is not None and o.rate_gbps < ref:
+            reasons.append(f"rate {o.rate_gbps:g} < {ref:g} Gb/s")
+        if p.admitted_layer is not None and p.link_layer != p.admitted_layer:
+            was = p.admitted_layer.value
+            now_layer = p.link_layer.value if p.link_layer else None
+            reasons.append(f"link_layer {was} -> {now_layer}")
+            log.warning("port_link_layer_changed", host=self.host, port=key, was=was, now=now_layer)
+        p.readmit_reason = "; ".join(reasons) or None
+        if p.readmit_reason is not None:
+            log.warning(
+                "port_readmission_degraded", host=self.host, port=key, reason=p.readmit_reason
+            )
+        if o.gids is not None and p.admitted_gids is not None:
+            moved = gid_moves(p.admitted_gids, o.gids)
+            p.gid_index_changed = bool(moved)
+            if moved:
+                log.warning("port_gid_index_changed", host=self.host, port=key, moved=moved[:16])
+            p.admitted_gids = o.gids
 
     def _settle(self, p: _Port, now: float, wall: float, events: list[PortEvent]) -> None:
         self._expire(p, now)
@@ -560,6 +665,9 @@ class PortMonitor:
             times.append(p.reuse_at)
         if p.last_flap is not None:
             times.append(p.last_flap + self.policy.quiet_period_s)
+        health = self._health.next_deadline(f"{p.hca}/{p.port}", now=now)
+        if health is not None:
+            times.append(health)
         times = [t for t in times if t > now]
         return min(times) if times else None
 
@@ -586,6 +694,9 @@ class PortMonitor:
             PortStatus.DOWN: p.raw_reason,
             PortStatus.HELD_DOWN: "hold_down",
             PortStatus.SUPPRESSED: "suppressed",
+            PortStatus.DEGRADED: "; ".join(
+                r for r in (p.readmit_reason, p.health_reason) if r is not None
+            ),
         }.get(p.status)
 
     def _hold_display(self, p: _Port) -> float:
@@ -608,6 +719,7 @@ class PortMonitor:
             p.flaps,
             p.suppressed,
             self._hold_display(p),
+            p.gid_index_changed,
         )
 
     def _emit(self, p: _Port, now: float, wall: float) -> PortState | None:
@@ -649,6 +761,7 @@ class PortMonitor:
             "damping": damping,
             "counters": dict(o.counters) if o else {},
             "counters_saturated": sorted(o.saturated) if o else [],
+            "gid_index_changed": p.gid_index_changed,
             "observed_at": wall,
             "seq": seq,
         }

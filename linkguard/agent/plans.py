@@ -24,8 +24,9 @@ __all__ = ["Effective", "PlanRefused", "check_plan", "effective", "nccl_ib_hca",
 
 
 class PlanRefused(ValueError):
-    """A plan that must not be applied. ``reason``: wrong_host, stale_epoch, out_of_scope,
-    invalid (one prefix listed twice in a plan's or a backup's ``prefix_routes``)."""
+    """A plan that must not be applied. ``reason``: wrong_host, deposed_leader (a lower leader
+    term than the applied plan's), stale_epoch, out_of_scope, invalid (one prefix listed twice
+    in a plan's or a backup's ``prefix_routes``)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -41,17 +42,24 @@ def check_plan(
     netdevs: Collection[str],
     prefixes: Collection[ipaddress.IPv4Network],
     checked: Plan | None = None,
+    applied_term: int = 0,
 ) -> None:
     """Raise :class:`PlanRefused` unless ``plan`` may be applied on ``host``: for this host,
-    newer than ``applied_epoch``, every route destination and prefix route inside one of
-    ``prefixes`` (when given), every egress netdev one of ``netdevs`` (a prefix route with
-    rails must name a netdev for each), no prefix twice in one ``prefix_routes`` list.
+    of no lower leader term than ``applied_term`` (``deposed_leader``), newer than
+    ``(applied_term, applied_epoch)`` (term first: a new leader's epochs may be lower),
+    every route destination and prefix route inside one of ``prefixes`` (when given), every
+    egress netdev one of ``netdevs`` (a prefix route with rails must name a netdev for each),
+    no prefix twice in one ``prefix_routes`` list.
     ``checked``: a plan that passed with the same ``netdevs`` and ``prefixes``; its
     ``prefix_routes`` lists (the very objects, as an expanded compact plan shares them) are
     not checked again."""
     if plan.host != host:
         raise PlanRefused("wrong_host", f"plan for {plan.host!r}, this is {host!r}")
-    if applied_epoch is not None and plan.epoch <= applied_epoch:
+    if plan.term < applied_term:
+        raise PlanRefused(
+            "deposed_leader", f"term {plan.term} < applied {applied_term}: a deposed leader's"
+        )
+    if applied_epoch is not None and (plan.term, plan.epoch) <= (applied_term, applied_epoch):
         raise PlanRefused("stale_epoch", f"epoch {plan.epoch} <= applied {applied_epoch}")
     routes = list(plan.routes)
     for b in plan.backups:

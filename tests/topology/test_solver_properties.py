@@ -20,14 +20,35 @@ from linkguard.topology.fabric import Fabric
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.solver import Solver, egress, solve
 
+#: PCIe switch ids drawn for a host's HCAs and GPUs (None: unknown)
+SWITCH_IDS = st.sampled_from([None, "sw0", "sw1", "sw2"])
+
 
 def _fabric(draw) -> Fabric:
+    """A generated fabric with a PCIe layout that is none (today's NUMA-only order), the
+    generator's (``rails_per_pcie_switch``), or drawn per host (one NUMA node; hosts then
+    differ in layout, so in hardware signature)."""
     hosts = draw(st.integers(2, 6))
     rails = draw(st.integers(1, 4))
     gpus = draw(st.integers(1, 6))
-    fabric = generate_rail_optimized(
-        hosts=hosts, rails=rails, gpus_per_host=gpus, hosts_per_su=draw(st.integers(2, 4))
-    )
+    layout = draw(st.sampled_from(["none", "generated", "drawn"]))
+    per_switch = draw(st.integers(1, rails)) if layout == "generated" else 0
+    kw = dict(hosts=hosts, rails=rails, gpus_per_host=gpus, hosts_per_su=draw(st.integers(2, 4)))
+    try:
+        fabric = generate_rail_optimized(**kw, rails_per_pcie_switch=per_switch)
+    except ValueError:  # a switch across both NUMA nodes: one node instead
+        fabric = generate_rail_optimized(**kw, rails_per_pcie_switch=per_switch, numa_split=False)
+    if layout == "drawn":
+        fabric = generate_rail_optimized(**kw, numa_split=False)
+        out = []
+        for h in fabric.hosts:
+            d = h.model_dump()
+            for c in d["hcas"]:
+                c["pcie_switch"] = draw(SWITCH_IDS)
+            if draw(st.booleans()):  # else each GPU takes its home HCA's switch
+                d["gpu_pcie_switch"] = [draw(SWITCH_IDS) for _ in range(gpus)]
+            out.append(d)
+        fabric = Fabric.model_validate({**fabric.__dict__, "hosts": out})
     if draw(st.booleans()):  # the explicit form: no endpoint subnets
         fabric = Fabric.model_validate({**fabric.__dict__, "endpoint_subnets": {}})
     return fabric

@@ -1,0 +1,286 @@
+"""Gray failures on real sysfs trees changed over time: counter health and re-admission.
+
+A copy of a real H100 tree (leptonai/gpud, ../shared/fixtures/real) is read by the sysfs driver
+(:func:`read_port`), fed to the real :class:`PortMonitor` at explicit times, and its states to
+the topology service's real :class:`FabricState` and solver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from linkguard.agent.health import CounterHealthPolicy
+from linkguard.agent.monitor import DampingPolicy, PortMonitor, gid_moves
+from linkguard.drivers.sysfs_ib import read_port
+from linkguard.models import PortStatus
+from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.state import FabricState
+from tests.drivers.test_sysfs_ib import GPUD, copy_tree, put
+
+WALL = 1_700_000_000.0
+UP, DOWN, HELD, DEGRADED = (
+    PortStatus.UP,
+    PortStatus.DOWN,
+    PortStatus.HELD_DOWN,
+    PortStatus.DEGRADED,
+)
+
+
+class Rig:
+    """One port of a real tree, read and monitored at explicit monotonic times."""
+
+    def __init__(self, root: Path, hca: str = "mlx5_0", **mon_kw) -> None:
+        self.root, self.hca = root, hca
+        self.dir = root / hca / "ports" / "1"
+        self.mon = PortMonitor(
+            host="gpu000", policy=DampingPolicy(), rails={f"{hca}/1": 0}, **mon_kw
+        )
+        self.transitions: list[str] = []
+
+    def write(self, rel: str, text: str) -> None:
+        put(self.dir / rel, text + "\n")
+
+    def counter(self, name: str) -> int:
+        return int((self.dir / "counters" / name).read_text())
+
+    def read(self, t: float) -> PortStatus:
+        obs = read_port(self.root, self.hca, 1, now=t)
+        out = self.mon.observe([obs], now=t, wall=WALL + t)
+        self.transitions += [f"{e.previous.value}->{e.current.value}" for e in out.events]
+        return self.state.status
+
+    def tick(self, t: float) -> PortStatus:
+        out = self.mon.tick(now=t, wall=WALL + t)
+        self.transitions += [f"{e.previous.value}->{e.current.value}" for e in out.events]
+        return self.state.status
+
+    @property
+    def state(self):
+        st = self.mon.state(f"{self.hca}/1")
+        assert st is not None
+        return st
+
+
+@pytest.fixture
+def gpud(tmp_path: Path) -> Path:
+    return copy_tree(tmp_path, GPUD)
+
+
+# -------------------------------------------------------------------------- counter health
+
+
+def test_rising_symbol_errors_drain_the_port_and_the_plan_moves_its_traffic(gpud: Path) -> None:
+    rig = Rig(gpud)
+    fabric = generate_rail_optimized(hosts=4, rails=4)
+    service = FabricState(fabric=fabric, epoch_start=1)
+    assert rig.read(0.0) == UP and rig.counter("symbol_error") == 0
+    service.on_port_state(rig.state)
+    first = service.solve(0.0)
+    gpu0 = {a.gpu: a.rail for a in first.full["gpu000"].rail_assignments}
+    assert gpu0[0] == 0  # GPU 0 on its home rail, mlx5_0
+
+    # a dying optic: 40 symbol errors every 10 s (240/min; the threshold is 100/60 s)
+    for i in range(1, 4):
+        rig.write("counters/symbol_error", str(40 * i))
+        status = rig.read(10.0 * i)
+    assert status == DEGRADED and rig.transitions == ["unknown->up", "up->degraded"]
+    st = rig.state
+    assert st.reason == "symbol_error 120/60s" and st.usable is False
+    assert st.state.value == "ACTIVE"  # still up: a gray failure, not a down port
+    # more errors while degraded: nothing new to publish (the reason keeps the first count)
+    rig.write("counters/symbol_error", "400")
+    out = rig.mon.observe([read_port(gpud, "mlx5_0", 1, now=35.0)], now=35.0, wall=WALL)
+    assert out.states == [] and out.events == [] and rig.state.reason == st.reason
+
+    assert service.on_port_state(st) is True  # usability changed: a re-plan is due
+    assert service.unusable() == {"gpu000": frozenset({0})}
+    moved = service.solve(40.0)
+    assert "gpu000" in moved.hosts
+    plan = moved.full["gpu000"]
+    assert all(a.rail != 0 for a in plan.rail_assignments)  # nothing on the degraded rail
+    assert {a.gpu for a in plan.rail_assignments if a.home_rail == 0} == {0}
+
+
+def test_a_counter_reset_does_not_drain(gpud: Path) -> None:
+    rig = Rig(gpud)
+    rig.write("counters/symbol_error", "60000")
+    assert rig.read(0.0) == UP
+    rig.write("counters/symbol_error", "60050")
+    assert rig.read(1.0) == UP  # 50 in the window
+    # cleared (perfquery -x / driver reload): 60050 -> 30000 is a reset, not 30000 errors
+    rig.write("counters/symbol_error", "30000")
+    assert rig.read(2.0) == UP
+    rig.write("counters/symbol_error", "0")
+    assert rig.read(3.0) == UP
+    assert rig.transitions == ["unknown->up"]
+
+
+def test_a_saturated_counter_does_not_drain(gpud: Path) -> None:
+    # the real tree: mlx5_1's link_downed is 255 (8-bit max), mlx5_0's
+    # excessive_buffer_overrun_errors 15 (4-bit max): both saturated, whatever they hide
+    rig = Rig(gpud, hca="mlx5_1")
+    assert rig.counter("link_downed") == 255
+    assert rig.read(0.0) == UP
+    assert "link_downed" in rig.state.counters_saturated
+    rig.write("counters/symbol_error", "0")
+    for t in (1.0, 2.0, 3.0):
+        assert rig.read(t) == UP
+    rig0 = Rig(gpud)
+    assert rig0.counter("excessive_buffer_overrun_errors") == 15
+    rig0.read(0.0)
+    rig0.write("counters/port_rcv_errors", "15")  # 14 -> 15, one error: noise
+    assert rig0.read(1.0) == UP
+    assert rig.transitions == rig0.transitions == ["unknown->up"]
+
+
+def test_a_missing_counter_does_not_drain(gpud: Path) -> None:
+    rig = Rig(gpud)
+    assert rig.read(0.0) == UP
+    (rig.dir / "counters" / "symbol_error").unlink()
+    assert rig.read(1.0) == UP
+    rig.write("counters/symbol_error", "50000")  # back, far above: a new baseline
+    assert rig.read(2.0) == UP
+    rig.write("counters/symbol_error", "N/A (no PMA)")  # unreadable
+    assert rig.read(3.0) == UP
+    assert rig.transitions == ["unknown->up"]
+
+
+def test_noisy_counter_degrades_once_and_clears_after_clear_after_s(gpud: Path) -> None:
+    rig = Rig(gpud)
+    rig.read(0.0)
+    value, t = 0, 0.0
+    for i in range(30):  # 5 minutes of 15 or 20 errors per 10 s: 90..120 per 60 s
+        t += 10.0
+        value += 20 if i % 2 else 15
+        rig.write("counters/symbol_error", str(value))
+        rig.read(t)
+    assert rig.transitions == ["unknown->up", "up->degraded"]
+    # quiet from t; the agent ticks at each deadline the monitor gives (samples leaving the
+    # window, then the clear): the last burst (20 > clear 10) leaves at t + 60, 300 s later UP
+    now = t
+    while rig.state.status == DEGRADED:
+        deadline = rig.mon.tick(now=now, wall=WALL).next_deadline
+        assert deadline is not None and deadline > now
+        now = deadline
+        rig.tick(now)
+    assert now == t + 60.0 + 300.0
+    assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up"]
+
+
+def test_flap_of_a_degraded_port_is_a_flap_and_its_link_downed_is_not_hidden(gpud: Path) -> None:
+    rig = Rig(gpud, health=CounterHealthPolicy(clear_after_s=30))
+    rig.read(0.0)
+    rig.write("counters/symbol_error", "500")
+    assert rig.read(1.0) == DEGRADED
+    rig.write("state", "1: DOWN")
+    rig.write("phys_state", "2: Polling")
+    assert rig.read(2.0) == DOWN
+    rig.write("counters/symbol_error", "9000")  # link training counts errors: dropped
+    rig.write("counters/link_downed", "1")  # the flap the monitor saw
+    rig.write("state", "4: ACTIVE")
+    rig.write("phys_state", "5: LinkUp")
+    assert rig.read(5.0) == HELD
+    # hold-down 10 s; the symbol errors aged out at 61 s, clean since then, 30 s to clear
+    assert rig.tick(15.0) == DEGRADED
+    assert rig.tick(91.0) == UP
+    assert rig.transitions == [
+        "unknown->up",
+        "up->degraded",
+        "degraded->down",
+        "down->held_down",
+        "held_down->degraded",
+        "degraded->up",
+    ]
+
+
+# ---------------------------------------------------------------------------- re-admission
+
+
+def flap(rig: Rig, t_down: float, t_up: float, **changes: str) -> None:
+    rig.write("state", "1: DOWN")
+    rig.write("phys_state", "2: Polling")
+    assert rig.read(t_down) == DOWN
+    for rel, text in changes.items():
+        rig.write(rel.replace("__", "/"), text)
+    rig.write("state", "4: ACTIVE")
+    rig.write("phys_state", "5: LinkUp")
+    assert rig.read(t_up) == HELD
+
+
+def test_back_at_a_lower_rate_is_degraded_until_the_rate_is_back(gpud: Path) -> None:
+    rig = Rig(gpud)
+    assert rig.read(0.0) == UP and rig.state.rate_gbps == 400.0
+    flap(rig, 1.0, 2.0, rate="200 Gb/sec (2X NDR)")  # renegotiated to 2 lanes
+    assert rig.tick(12.0) == DEGRADED
+    assert rig.state.reason == "rate 200 < 400 Gb/s" and not rig.state.usable
+    # another retrain back to 4X: up again (no second hold-down needed for a rate)
+    flap(rig, 20.0, 21.0, rate="400 Gb/sec (4X NDR)")
+    assert rig.tick(21.0 + 20.0) == UP  # second flap: hold-down 20 s
+    assert rig.transitions == [
+        "unknown->up",
+        "up->down",
+        "down->held_down",
+        "held_down->degraded",
+        "degraded->down",
+        "down->held_down",
+        "held_down->up",
+    ]
+
+
+def test_back_at_the_same_rate_is_up(gpud: Path) -> None:
+    rig = Rig(gpud)
+    rig.read(0.0)
+    flap(rig, 1.0, 2.0)
+    assert rig.tick(12.0) == UP
+    assert rig.state.reason is None and rig.state.gid_index_changed is False
+
+
+def test_configured_expected_rate_is_the_bar(gpud: Path) -> None:
+    # the port ran at 200 before the agent started; its configured rate is 400
+    rig = Rig(gpud, expected_rates={"mlx5_0/1": 400.0})
+    rig.write("rate", "200 Gb/sec (2X NDR)")
+    assert rig.read(0.0) == UP  # at start there is no re-admission: no hold-down either
+    flap(rig, 1.0, 2.0)
+    assert rig.tick(12.0) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
+
+
+def test_changed_link_layer_stays_out(gpud: Path) -> None:
+    rig = Rig(gpud)
+    rig.read(0.0)
+    flap(rig, 1.0, 2.0, link_layer="Ethernet")
+    assert rig.tick(12.0) == DEGRADED
+    assert rig.state.reason == "link_layer InfiniBand -> Ethernet"
+    assert rig.read(100.0) == DEGRADED  # stays out while it reads Ethernet
+
+
+def test_moved_gid_index_is_recorded(gpud: Path) -> None:
+    rig = Rig(gpud, hca="mlx5_bond_0")  # the real RoCE LAG port (Ethernet, 200 Gb/s)
+    gids = rig.dir / "gids"
+    gids.mkdir()
+    zero = "0000:0000:0000:0000:0000:0000:0000:0000"
+    link_local = "fe80:0000:0000:0000:0ac0:ebff:fe3b:1a2c"
+    v4 = "0000:0000:0000:0000:0000:ffff:0a00:0011"  # 10.0.0.17, RoCEv2
+    for i, gid in enumerate([link_local, link_local, v4, v4, zero]):
+        rig.write(f"gids/{i}", gid)
+    assert rig.read(0.0) == UP and rig.state.gid_index_changed is False
+    # after the flap the IPv4 GIDs come back at 4 and 5 (the address was re-added)
+    flap(rig, 1.0, 2.0, gids__2=zero, gids__3=zero, gids__4=v4)
+    rig.write("gids/5", v4)
+    assert rig.read(3.0) == HELD
+    assert rig.tick(12.0) == UP  # still used: the GID moved, the port is fine
+    assert rig.state.gid_index_changed is True
+    # the next clean return clears the flag
+    flap(rig, 30.0, 31.0)
+    assert rig.tick(31.0 + 20.0) == UP and rig.state.gid_index_changed is False
+
+
+def test_gid_moves() -> None:
+    a, b = "fe80::1", "::ffff:10.0.0.17"
+    assert gid_moves({0: a, 2: b}, {0: a, 2: b, 3: b}) == []  # a new entry: not a move
+    assert gid_moves({0: a, 1: a, 2: b, 3: b}, {0: a, 1: a, 4: b, 5: b}) == [
+        f"2: {b} -> None",
+        f"3: {b} -> None",
+    ]
+    assert gid_moves({0: a}, {0: b}) == [f"0: {a} -> {b}"]

@@ -1,0 +1,112 @@
+"""Localising probe loss: one target port, one prober port, a leaf, thin evidence, hysteresis.
+
+Results come from a real probe plan of a generated 2-SU fabric (64 hosts, one rail), so every
+port has the plan's 4 probers (2 in its leaf, 2 from the other SU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from pydantic import ValidationError
+
+from linkguard.topology.generator import generate_rail_optimized
+from linkguard.topology.localize import Localizer, LocalizeSettings, PairResult, Verdict
+from linkguard.topology.probeplan import PortId, ProbePlan, plan_probes
+
+PLAN: ProbePlan = plan_probes(generate_rail_optimized(hosts=64, rails=1), seed=1)
+X = PortId("gpu005", 0)
+Y = PortId("gpu040", 0)
+
+
+def results(
+    lossy: Callable[[PortId, PortId], bool], *, at: float, sent: int = 10
+) -> list[PairResult]:
+    return [
+        PairResult(p, t, sent, sent if lossy(p, t) else 0, window_end=at, rtt_p50_us=20.0)
+        for p, ts in PLAN.targets.items()
+        for t in ts
+    ]
+
+
+def raised(vs: list[Verdict]) -> dict[object, Verdict]:
+    return {v.subject: v for v in vs if v.state == "raised"}
+
+
+def test_a_dead_port_is_localised_to_that_port() -> None:
+    loc = Localizer(PLAN.leaf)
+    vs = loc.update(results(lambda p, t: X in (p, t), at=100), now=101)
+    r = raised(vs)
+    assert list(r) == [X]
+    assert r[X].kind == "port" and r[X].seen_as == ("target", "prober")
+    assert r[X].witnesses == 8 and r[X].lossy == 8  # 4 probers + 4 targets, all losing
+    assert not [v for v in vs if v.kind == "leaf"]
+
+
+def test_single_bad_target_and_single_bad_prober() -> None:
+    vs = Localizer(PLAN.leaf).update(results(lambda p, t: t == X, at=100), now=100)
+    assert {(v.subject, v.seen_as) for v in vs} == {(X, ("target",))}
+    vs = Localizer(PLAN.leaf).update(results(lambda p, t: p == Y, at=100), now=100)
+    assert {(v.subject, v.seen_as) for v in vs} == {(Y, ("prober",))}
+
+
+def test_a_dead_leaf_is_the_leaf_not_32_ports() -> None:
+    leaf = PLAN.leaf[X]
+    vs = Localizer(PLAN.leaf).update(
+        results(lambda p, t: leaf in (PLAN.leaf[p], PLAN.leaf[t]), at=100), now=100
+    )
+    r = raised(vs)
+    assert list(r) == [leaf] and r[leaf].kind == "leaf"
+    assert r[leaf].witnesses == 32 and r[leaf].lossy == 32
+    assert [v for v in vs if v.kind != "leaf"] == []
+
+
+def test_thin_evidence_is_inconclusive_and_never_a_verdict() -> None:
+    probers = PLAN.probers()[X]
+    # only two of X's four probers reported: below min_probers (3)
+    some = [
+        r for r in results(lambda p, t: t == X, at=100) if r.target != X or r.prober in probers[:2]
+    ]
+    vs = Localizer(PLAN.leaf).update(some, now=100)
+    assert [(v.kind, v.subject, v.witnesses, v.lossy) for v in vs] == [
+        ("inconclusive", X, 6, 2)  # 2 probers + its 4 targets, 2 losing
+    ]
+    assert "need 3 witnesses" in vs[0].reason
+    # too few samples per pair (4 < min_samples 5): not evidence at all
+    vs = Localizer(PLAN.leaf).update(results(lambda p, t: t == X, at=100, sent=4), now=100)
+    assert vs == []
+    # stale results (older than max_age_s 30) are ignored
+    vs = Localizer(PLAN.leaf).update(results(lambda p, t: t == X, at=100), now=131)
+    assert vs == []
+
+
+def test_clearing_needs_low_loss_for_clear_after_s() -> None:
+    s = LocalizeSettings(clear_after_s=60)
+    loc = Localizer(PLAN.leaf, s)
+    assert raised(loc.update(results(lambda p, t: X in (p, t), at=0), now=0))
+    healthy = lambda p, t: False  # noqa: E731
+    # recovered at 10 s: held (not yet 60 s of low loss)
+    assert [(v.subject, v.state) for v in loc.update(results(healthy, at=10), now=10)] == [
+        (X, "held")
+    ]
+    # no fresh evidence at all, even past 60 s after the first low reading: held
+    assert [v.state for v in loc.update([], now=75)] == ["held"]
+    # loss 30% (between loss_clear 5% and loss_bad 50%) at 80 s resets the low-loss clock
+    partial = [
+        PairResult(r.prober, r.target, 10, 3 if X in (r.prober, r.target) else 0, 80)
+        for r in results(healthy, at=80)
+    ]
+    assert [v.state for v in loc.update(partial, now=80)] == ["held"]
+    assert [v.state for v in loc.update(results(healthy, at=90), now=90)] == ["held"]
+    assert [v.state for v in loc.update(results(healthy, at=140), now=140)] == ["held"]
+    assert [(v.subject, v.state) for v in loc.update(results(healthy, at=150), now=150)] == [
+        (X, "cleared")
+    ]
+    assert loc.update(results(healthy, at=160), now=160) == []
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"lost 11 not in 0\.\.sent"):
+        PairResult(X, Y, 10, 11, 0)
+    with pytest.raises(ValidationError, match=r"loss_clear 0\.5 >= loss_bad 0\.5"):
+        LocalizeSettings(loss_clear=0.5)
