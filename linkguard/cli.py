@@ -1495,6 +1495,8 @@ def _nccl_env(args: argparse.Namespace) -> int:
             return _fail(f"nccl env: cannot read {path}: {exc}", 1)
     else:
         try:
+            if not args.api.startswith(("http://", "https://")):
+                return _fail(f"nccl env: --api {args.api!r}: give an http:// or https:// URL", 2)
             doc = _nccl_from_api(args.api, args.host)
         except LookupError as exc:
             return _fail(f"nccl env: {exc}", 2)
@@ -1515,8 +1517,8 @@ def _nccl_env(args: argparse.Namespace) -> int:
 
 
 def _nccl_from_api(api: str, host: str) -> dict:
-    """The NCCL rendering of ``host`` from the service's host view (its HCAs, their states
-    and ``degraded`` marks, its plan). LookupError: unknown host; OSError: unreachable;
+    """The NCCL rendering of ``host`` from the service's host view (its HCAs, their states,
+    its plan). LookupError: unknown host; OSError: unreachable;
     ValueError: an answer that is not a host view."""
     import json
     import urllib.error
@@ -1559,10 +1561,12 @@ def _nccl_from_api(api: str, host: str) -> dict:
             ],
         )
         plan = Plan.model_validate(view["plan"]) if view.get("plan") else None
-        degraded = {f"{h['hca']}/{h['port']}" for h in view["hcas"] if h["shown"] == "degraded"}
     except (KeyError, TypeError, ValidationError, json.JSONDecodeError) as exc:
         raise ValueError(f"{url}: not a host view: {exc}") from None
-    return render(inv, states, plan, degraded=degraded).to_dict()
+    # the agent's own rule on the agent's own states (status, rate against the host's other
+    # ports), not the dashboard's "degraded" mark (a rate below the fabric's cable rate): the
+    # same answer as the host's nccl.env
+    return render(inv, states, plan).to_dict()
 
 
 def _keys(args: argparse.Namespace) -> int:

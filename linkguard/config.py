@@ -127,8 +127,10 @@ class BusSettings(_Section):
     )
     reconnect_min_s: float = Field(0.2, gt=0)
     reconnect_max_s: float = Field(10.0, gt=0)
-    subscribe_qos: Literal[0, 1] = Field(
+    subscribe_qos: int = Field(
         1,
+        ge=0,
+        le=1,
         description="QoS of the bus's subscriptions. 0 suits a NATS cluster: NATS makes a "
         "JetStream consumer per QoS 1 subscription, and after a node dies deleting and "
         "re-creating them takes its survivors 18-46 s (QoS 0: 0.1-10 s; "
@@ -164,6 +166,11 @@ class BusSettings(_Section):
     def _tls_and_credentials(self) -> BusSettings:
         if self.brokers and {"host", "port"} & self.model_fields_set:
             raise ValueError("give brokers, or host and port, not both (brokers lists every node)")
+        if not self.brokers and "brokers" in self.model_fields_set:
+            raise ValueError(
+                "brokers is empty: list at least one host:port, or leave brokers out and give "
+                "host and port"
+            )
         if self.password is not None and self.password_file is not None:
             raise ValueError("give password or password_file, not both")
         if (self.password is not None or self.password_file is not None) and not self.username:
@@ -361,6 +368,16 @@ class HookSettings(_Section):
     def _one_when(cls, v: object) -> object:
         return [v] if isinstance(v, str) else v
 
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _not_a_shell_string(cls, v: object) -> object:
+        if isinstance(v, str):
+            raise ValueError(
+                "argv must be a list of arguments, e.g. [/usr/local/bin/drain, --host, x], "
+                "not a shell string (hooks never run a shell)"
+            )
+        return v
+
     @field_validator("argv")
     @classmethod
     def _argv(cls, v: list[str]) -> list[str]:
@@ -438,6 +455,15 @@ class OfflineSettings(_Section):
         description="grace period (s) after a host's last will before its endpoints are routed "
         "around; null = never route around an offline host",
     )
+
+    @field_validator("route_around_after_s", mode="before")
+    @classmethod
+    def _never(cls, v: object) -> object:
+        # LINKGUARD_OFFLINE__ROUTE_AROUND_AFTER_S=null (or empty): the environment's null
+        if isinstance(v, str) and v.strip().lower() in ("", "null", "none", "never"):
+            return None
+        return v
+
     max_fraction: float = Field(
         0.05,
         ge=0,
@@ -749,6 +775,13 @@ class AgentSettings(_Base):
         "sysfs driver re-read that HCA's ports at once (linkguard.drivers.verbs_events); auto: "
         "with the sysfs driver when sysfs_root has devices and pyverbs loads; off: polling only",
     )
+
+    @field_validator("verbs_events", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true)
+        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+
     verbs_python: Path = Field(
         Path("/usr/bin/python3"),
         description="the Python that runs the event reader: Debian's python3-pyverbs works "
@@ -909,6 +942,23 @@ def _unknown_env(cls: type[BaseSettings]) -> list[str]:
     return sorted(bad)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML says keys are
+    unique; PyYAML keeps the last one silently, so a second ``bus:`` would replace the
+    first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _load_yaml(path: Path) -> None:
     """Refuse what YamlConfigSettingsSource would misreport: not a file, not a mapping."""
     if not path.exists():
@@ -916,7 +966,7 @@ def _load_yaml(path: Path) -> None:
     if not path.is_file():
         raise ConfigError(f"config file {path} is not a file")
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except RecursionError:
         raise ConfigError(f"cannot read config {path}: nested too deeply") from None
     # ValueError: undecodable bytes, an integer of more than 4,300 digits

@@ -380,7 +380,7 @@ def _hosts(
                 raise ValueError(
                     f"rails_per_pcie_switch={per_switch} puts rails {first} and {r} (NUMA nodes "
                     f"{rail_numa[first]} and {rail_numa[r]}) on one PCIe switch: use a divisor "
-                    f"of {rails // 2}, or numa_split=False"
+                    f"of {rails // 2} (each NUMA node holds half the rails)"
                 )
         if rails:  # a GPU sits on its home rail's switch, so on that HCA's NUMA node
             gpu_switch = [rail_switch[g % rails] for g in range(gpus)]

@@ -494,7 +494,9 @@ class Agent:
                 topic=msg.topic,
                 epoch=epoch,
                 reason="deposed_leader",
-                detail=f"term {term} < {self.term} seen: a deposed topology service's",
+                detail=f"term {term} < {self.term} seen: a deposed topology service's (if this "
+                "service is meant to lead, e.g. election switched off or etcd's data reset, "
+                f"remove {self.settings.state_dir / 'term'} on the hosts)",
             )
             return True
         if term > self.term:

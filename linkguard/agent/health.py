@@ -121,7 +121,8 @@ class CounterHealthPolicy(BaseModel):
 
     ``thresholds`` given in the settings replace the defaults per counter name (a name not
     given keeps its default); set a counter's ``degrade`` very high to ignore it. Raises
-    ``pydantic.ValidationError`` for a non-finite/non-positive time, ``clear >= degrade``.
+    ``pydantic.ValidationError`` for a non-finite/non-positive time, ``clear >= degrade``, a
+    counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo must not be ignored).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -135,6 +136,12 @@ class CounterHealthPolicy(BaseModel):
     def _merge_defaults(self) -> CounterHealthPolicy:
         if not (math.isfinite(self.window_s) and math.isfinite(self.clear_after_s)):
             raise ValueError("window_s and clear_after_s must be finite seconds")
+        unknown = sorted(set(self.thresholds) - set(DEFAULT_THRESHOLDS))
+        if unknown:
+            raise ValueError(
+                f"thresholds: unknown counter(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(DEFAULT_THRESHOLDS))}"
+            )
         merged = {**DEFAULT_THRESHOLDS, **self.thresholds}
         object.__setattr__(self, "thresholds", merged)
         return self

@@ -80,7 +80,7 @@ async def stop(task: asyncio.Task[None]) -> None:
 
 
 def test_argv_is_a_list_with_a_command_that_exists(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="valid list"):
+    with pytest.raises(ValueError, match="not a shell string"):
         HookSettings(name="x", argv="scontrol update NodeName=a")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not found on PATH"):
         HookSettings(name="x", argv=["scontrol update NodeName=a"])
