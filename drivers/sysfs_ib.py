@@ -29,7 +29,6 @@ Nothing here raises for one bad file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno as errno_mod
 import math
 import os
@@ -770,6 +769,11 @@ class _Poller:
         return changed
 
 
+def _wake(poke: asyncio.Future[None] | None) -> None:
+    if poke is not None and not poke.done():
+        poke.set_result(None)
+
+
 class SysfsIBSource:
     """A :class:`~linkguard.drivers.base.PortSource` polling ``/sys/class/infiniband``.
 
@@ -804,7 +808,9 @@ class SysfsIBSource:
         self.reader = reader
         self.phy_stats = phy_stats
         self._wanted: set[str] = set()
-        self._poke: asyncio.Event | None = None  # made by watch(), in its event loop
+        #: what watch() awaits between ticks: a future the timer or poll_now() completes (the
+        #: cost of a plain sleep; wait_for on an Event made a task every poll)
+        self._poke: asyncio.Future[None] | None = None
         #: targeted re-reads done (:meth:`poll_now` requests coalesce into one each)
         self.rereads = 0
 
@@ -814,8 +820,7 @@ class SysfsIBSource:
         runs coalesce into one; HCAs not watched are simply not found. The regular polls go on
         as before: this only adds reads. Call from the event loop's thread."""
         self._wanted.update(hcas)
-        if self._poke is not None:
-            self._poke.set()
+        _wake(self._poke)
 
     async def watch(self) -> AsyncIterator[list[PortObservation]]:
         """First a full snapshot (``[]`` when the RDMA stack is not loaded), then every
@@ -831,17 +836,20 @@ class SysfsIBSource:
             counters_interval_s=self.counters_interval_s,
             phy_stats=self.phy_stats,
         )
-        poke = self._poke = asyncio.Event()
+        loop = asyncio.get_running_loop()
         next_at = time.monotonic()
         yield await asyncio.to_thread(poller.poll, next_at)
-        if self._wanted:  # asked for before the watch began
-            poke.set()
         while True:
             next_at = max(next_at + self.interval_s, time.monotonic())
             while (delay := next_at - time.monotonic()) > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(poke.wait(), delay)
-                poke.clear()
+                if not self._wanted:  # else asked for before this wait: at once
+                    poke = self._poke = loop.create_future()
+                    timer = loop.call_later(delay, _wake, poke)
+                    try:
+                        await poke
+                    finally:
+                        timer.cancel()
+                        self._poke = None
                 wanted, self._wanted = frozenset(self._wanted), set()
                 if wanted:  # poll_now(): these HCAs at once
                     self.rereads += 1

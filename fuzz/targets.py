@@ -179,13 +179,12 @@ def _chunk(b: bytes) -> bytes:
 @functools.cache
 def decoder_models() -> dict[str, type]:
     """Every bus message model by the topic kind it arrives on: the service's decoders (which
-    include the agent's: plan, peers, status) in name order."""
-    from linkguard.models import HostStatus, PeerRoutes, Plan
+    include the agent's: plan, peers, status; and its probe_targets) in name order."""
+    from linkguard.models import HostStatus, PeerRoutes, Plan, ProbeTargets
     from linkguard.topology.service import _DECODERS
 
-    return dict(
-        sorted({**_DECODERS, "plan": Plan, "peers": PeerRoutes, "status": HostStatus}.items())
-    )
+    agent = {"plan": Plan, "peers": PeerRoutes, "status": HostStatus, "probe_targets": ProbeTargets}
+    return dict(sorted({**_DECODERS, **agent}.items()))
 
 
 @functools.cache
@@ -203,6 +202,11 @@ def samples() -> dict[str, Any]:
         PortEvent,
         PortState,
         PortStatus,
+        ProbePair,
+        ProbePeer,
+        ProbeRail,
+        ProbeReport,
+        ProbeTargets,
         ServiceStatus,
     )
     from linkguard.topology.fabric import generate_rail_optimized
@@ -247,6 +251,39 @@ def samples() -> dict[str, Any]:
             "service_status": [ServiceStatus(online=True, at=1.0, instance="cd34", started_at=1)],
             "fabric_faults": [
                 FabricFaults(switches_down=[leaf], cables_down=[CableRef(a=leaf, b=spine)], at=3.0)
+            ],
+            "probes": [
+                ProbeReport(
+                    host=h0,
+                    epoch=5,
+                    window_end=4.0,
+                    window_s=10.0,
+                    pairs=[
+                        ProbePair(rail=0, peer_host=h1, peer_rail=0, sent=10, lost=10),
+                        ProbePair(
+                            rail=1,
+                            peer_host=h1,
+                            peer_rail=1,
+                            sent=10,
+                            lost=0,
+                            rtt_p50_ms=0.44,
+                            rtt_p99_ms=1.2,
+                        ),
+                    ],
+                )
+            ],
+            "probe_targets": [
+                ProbeTargets(
+                    host=h0,
+                    epoch=5,
+                    rails=[
+                        ProbeRail(
+                            rail=0,
+                            address="10.100.0.1",
+                            peers=[ProbePeer(host=h1, rail=0, address="10.100.0.2")],
+                        )
+                    ],
+                )
             ],
         },
     }

@@ -53,6 +53,7 @@ __all__ = [
     "LedgerSettings",
     "OfflineSettings",
     "PortConfig",
+    "ProbeRunSettings",
     "ServiceSettings",
     "listen_address",
     "load_settings",
@@ -435,6 +436,26 @@ class ApiSettings(_Section):
         return v
 
 
+class ProbeRunSettings(_Section):
+    """Per-rail probes (``probes:`` of the agent and the service; issue 8). Off by default.
+    The service plans who probes whom (:mod:`linkguard.topology.probeplan`) every ``epoch_s``
+    and localises faults from the agents' reports (:mod:`linkguard.topology.localize`); the
+    agent probes (:mod:`linkguard.agent.probe`) and reports every ``window_s``."""
+
+    enabled: bool = Field(False, description="probe rails and act on localised faults")
+    mode: Literal["udp", "roce"] = Field("udp", description="udp on RoCE NICs (see probe.py)")
+    port: int = Field(47_910, ge=1, le=65535, description="UDP port (roce mode: 4791)")
+    fan_out: int = Field(4, ge=1, le=16, description="peers probed per (host, rail)")
+    cross_su: int = Field(2, ge=0, le=16, description="of fan_out, on other SUs' leaves")
+    rate_pps: float = Field(1.0, gt=0, le=16, description="probes/s to each peer")
+    min_probers: int = Field(3, ge=1, le=16, description="witnesses a verdict needs")
+    epoch_s: float = Field(300.0, gt=0, le=86_400, description="probe plan rotation (s)")
+    window_s: float = Field(10.0, gt=0, le=3600, description="report window (s)")
+    timeout_s: float = Field(1.0, gt=0, le=60, description="a probe unanswered this long is lost")
+    min_samples: int = Field(5, ge=1, le=100_000, description="probes on a pair before it counts")
+    clear_after_s: float = Field(60.0, ge=0, le=86_400, description="loss low this long clears")
+
+
 class OfflineSettings(_Section):
     """What the service does when an agent's connection is lost (its MQTT last will,
     :class:`~linkguard.models.HostStatus` ``reason="lost"``; a clean stop changes nothing).
@@ -757,6 +778,10 @@ class AgentSettings(_Base):
         max_length=32,
         description="commands run when this host's rail map changes (linkguard.agent.hooks)",
     )
+    probes: ProbeRunSettings = Field(
+        default_factory=ProbeRunSettings,
+        description="per-rail probes toward the service's targets (off by default)",
+    )
     rails_socket: Path | None = Field(
         None,
         description="Unix socket (mode 0660) streaming the rail map, one JSON line per change "
@@ -922,6 +947,10 @@ class ServiceSettings(_Base):
     offline: OfflineSettings = Field(
         default_factory=OfflineSettings,
         description="routing around hosts whose agent's connection was lost (last will)",
+    )
+    probes: ProbeRunSettings = Field(
+        default_factory=ProbeRunSettings,
+        description="per-rail probes: plan, localise, route around (off by default)",
     )
 
 

@@ -6,7 +6,9 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/ports/<hca>/<port>   R  PortState
   linkguard/v1/hosts/<host>/events                  PortEvent
   linkguard/v1/hosts/<host>/ack                  R  Ack
+  linkguard/v1/hosts/<host>/probes                  ProbeReport (per-rail probe results)
   linkguard/v1/plans/<host>                      R  Plan
+  linkguard/v1/probes/<host>                     R  ProbeTargets (whom each rail probes)
   linkguard/v1/peers/<host>                      R  PeerRoutes (routes every whole host needs
                                                     towards this impaired host; see below)
   linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
@@ -62,6 +64,8 @@ __all__ = [
     "peer_routes",
     "plan",
     "port_state",
+    "probe_report",
+    "probe_targets",
     "service_audit",
     "service_health",
     "service_status",
@@ -110,6 +114,14 @@ def peer_routes(host: str) -> str:
     return f"{PREFIX}/peers/{_seg(host)}"
 
 
+def probe_targets(host: str) -> str:
+    return f"{PREFIX}/probes/{_seg(host)}"
+
+
+def probe_report(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/probes"
+
+
 def service_status() -> str:
     return f"{PREFIX}/service/status"
 
@@ -141,8 +153,8 @@ def all_peer_routes() -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    # inventory | status | port | events | ack | plan | peers; host "" for the fabric-wide ones:
-    # service_status | service_audit | service_health | fabric_faults
+    # inventory | status | port | events | ack | probes | plan | peers | probe_targets; host ""
+    # for the fabric-wide ones: service_status | service_audit | service_health | fabric_faults
     kind: str
     host: str
     hca: str | None = None
@@ -160,6 +172,8 @@ def parse(topic: str) -> ParsedTopic | None:
         return ParsedTopic("plan", parts[3])
     if parts[2] == "peers" and len(parts) == 4:
         return ParsedTopic("peers", parts[3])
+    if parts[2] == "probes" and len(parts) == 4:
+        return ParsedTopic("probe_targets", parts[3])
     if parts[2:] == ["service", "status"]:
         return ParsedTopic("service_status", "")
     if parts[2:] == ["service", "audit"]:
@@ -172,7 +186,7 @@ def parse(topic: str) -> ParsedTopic | None:
         return None
     host = parts[3]
     rest = parts[4:]
-    if rest in (["inventory"], ["status"], ["events"], ["ack"]):
+    if rest in (["inventory"], ["status"], ["events"], ["ack"], ["probes"]):
         return ParsedTopic(rest[0], host)
     # at most 10 digits: int() refuses a text of more than 4,300 (ValueError), and any MQTT
     # client can publish such a topic

@@ -664,3 +664,37 @@ def test_make_certs_is_idempotent_and_keeps_keys_private(tmp_path: Path) -> None
         text=True,
     )
     assert bad.returncode == 2 and "letters, digits" in bad.stderr
+
+
+async def test_probes_a_host_reads_its_own_targets_and_reports_only_as_itself(
+    secured: Secured,
+) -> None:
+    got, seen = Inbox(), Inbox()
+    async with client(
+        secured.bus(SERVICE), "service", subscriptions=[topics.all_host_topics()], handler=seen
+    ) as service:
+        await service.wait_connected(10)
+        assert await service.publish(topics.probe_targets(B), b"targets of B", retain=True)
+        async with client(
+            secured.bus(A),
+            "a",
+            subscriptions=[
+                topics.probe_targets(B),
+                f"{topics.PREFIX}/probes/+",
+                topics.probe_targets(A),
+            ],
+            handler=got,
+        ) as a:
+            await a.wait_connected(10)
+            # A's report as B is dropped by the broker; its own arrives (the control after it)
+            assert await a.publish(topics.probe_report(B), b"forged report")
+            assert await a.publish(topics.probe_report(A), b"own report")
+            await until(lambda: seen.index(topics.probe_report(A), b"own report") is not None, "A")
+            # live targets of B, then A's own as the control
+            assert await service.publish(topics.probe_targets(B), b"targets of B 2", retain=True)
+            assert await service.publish(topics.probe_targets(A), b"targets of A", retain=True)
+            await until(
+                lambda: got.index(topics.probe_targets(A), b"targets of A") is not None, "A's"
+            )
+    assert topics.probe_targets(B) not in got.topics()
+    assert topics.probe_report(B) not in seen.topics()

@@ -69,6 +69,10 @@ from linkguard.models import (
     PortEvent,
     PortState,
     PortStatus,
+    ProbePeer,
+    ProbeRail,
+    ProbeReport,
+    ProbeTargets,
     ServiceStatus,
     decode,
     encode,
@@ -86,6 +90,9 @@ from linkguard.topology.fabric import (
 )
 from linkguard.topology.health import Health
 from linkguard.topology.leader import FencedBus, LeadershipLostError, leadership_from_settings
+from linkguard.topology.localize import Localizer, LocalizeSettings, PairResult
+from linkguard.topology.localize import Verdict as ProbeVerdict
+from linkguard.topology.probeplan import PortId, ProbePlan, ProbeSettings, plan_probes
 from linkguard.topology.state import FabricState
 
 if TYPE_CHECKING:
@@ -117,6 +124,7 @@ _DECODERS = {
     "service_status": ServiceStatus,
     "fabric_faults": FabricFaults,
     "events": PortEvent,
+    "probes": ProbeReport,
 }
 
 
@@ -229,6 +237,13 @@ class TopologyService:
         self._won = asyncio.Event()  # set once this service leads (at once without election)
         self.duplicate: ServiceStatus | None = None
         self._warned: set[tuple[str, ...]] = set()
+        #: per-rail probes (``probes`` settings; off by default): the plan of the epoch last
+        #: published, the latest result per (prober, target) pair dated by its arrival
+        #: (monotonic s), the localiser holding raised verdicts, and reports taken
+        self.probe_plan: ProbePlan | None = None
+        self.probe_results: dict[tuple[PortId, PortId], PairResult] = {}
+        self.localizer: Localizer | None = None
+        self.probe_reports = 0
         self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-topology-{self.me.instance}",
@@ -341,6 +356,8 @@ class TopologyService:
             asyncio.create_task(self._resender(), name="resender"),
         ]
         tasks.append(asyncio.create_task(self._lead(), name="leader"))
+        if self.settings.probes.enabled:
+            tasks.append(asyncio.create_task(self._prober(), name="prober"))
         if api is not None:
             tasks.append(asyncio.create_task(api.serve(), name="api"))
         try:
@@ -490,6 +507,10 @@ class TopologyService:
             return
         if parsed is None or parsed.kind not in _DECODERS:
             return
+        if parsed.kind == "probes" and (
+            not self.settings.probes.enabled or parsed.host not in self.state.host_names
+        ):
+            return
         if parsed.kind == "service_status":
             await self._on_service_status(msg)
             return
@@ -576,6 +597,8 @@ class TopologyService:
                 self._changed(urgent=obj.status != PortStatus.UP)
         elif isinstance(obj, PortEvent):
             self.changes.emit("port_event", obj.model_dump(mode="json"))
+        elif isinstance(obj, ProbeReport):
+            self._on_probe_report(obj, now=time.monotonic())
         elif isinstance(obj, HostStatus):
             was_away = obj.host in self.state.away
             self.state.on_host_status(obj, now=time.monotonic())
@@ -608,6 +631,134 @@ class TopologyService:
                 self.state.on_retained_peers(obj)
             if self.state.dirty and self._settled:  # it came after the first solve
                 self._changed(urgent=False)
+
+    def _probe_settings(self) -> tuple[ProbeSettings, LocalizeSettings]:
+        """The plan and localiser settings of ``probes`` (a report window counts for
+        three windows, at least 30 s)."""
+        cfg = self.settings.probes
+        plan = ProbeSettings(
+            fan_out=cfg.fan_out,
+            cross_su=min(cfg.cross_su, cfg.fan_out),
+            rate_pps=cfg.rate_pps,
+            min_probers=cfg.min_probers,
+        )
+        loc = LocalizeSettings(
+            min_samples=cfg.min_samples,
+            min_probers=cfg.min_probers,
+            clear_after_s=cfg.clear_after_s,
+            max_age_s=max(3 * cfg.window_s, 30.0),
+        )
+        return plan, loc
+
+    def probe_targets(self, epoch: int) -> list[ProbeTargets]:
+        """Every host's :class:`ProbeTargets` of probe plan ``epoch`` (hosts with no port to
+        probe get none); records the plan in :attr:`probe_plan`."""
+        cfg = self.settings.probes
+        plan_settings, loc_settings = self._probe_settings()
+        plan = plan_probes(self.fabric, plan_settings, epoch=epoch)
+        self.probe_plan = plan
+        if self.localizer is None:
+            self.localizer = Localizer(leaf_of=plan.leaf, settings=loc_settings)
+        by_host: dict[str, list[ProbeRail]] = {}
+        for p, targets in plan.targets.items():
+            peers = [ProbePeer(host=t.host, rail=t.rail, address=plan.address[t]) for t in targets]
+            rail = ProbeRail(rail=p.rail, address=plan.address[p], peers=peers)
+            by_host.setdefault(p.host, []).append(rail)
+        return [
+            ProbeTargets(
+                host=host,
+                epoch=epoch,
+                mode=cfg.mode,
+                port=cfg.port,
+                rate_pps=cfg.rate_pps,
+                timeout_s=cfg.timeout_s,
+                window_s=cfg.window_s,
+                rails=rails,
+            )
+            for host, rails in sorted(by_host.items())
+        ]
+
+    async def _prober(self) -> None:
+        """With ``probes.enabled``: publish every host's probe targets (retained) at the start
+        of each probe epoch (``epoch_s``; epoch = Unix time // epoch_s), and localise faults
+        from the reports every ``window_s`` (:meth:`localize_probes`)."""
+        cfg = self.settings.probes
+        await self.bus.connected.wait()
+        await self._won.wait()
+        published: int | None = None
+        while True:
+            epoch = int(time.time() // cfg.epoch_s)
+            if epoch != published:
+                msgs = await asyncio.to_thread(self.probe_targets, epoch)
+                await self._publish_retained(
+                    [(topics.probe_targets(m.host), encode(m)) for m in msgs]
+                )
+                published = epoch
+                log.info("probe_targets_published", epoch=epoch, hosts=len(msgs))
+            self.localize_probes(now=time.monotonic())
+            await asyncio.sleep(cfg.window_s)
+
+    def _on_probe_report(self, report: ProbeReport, *, now: float) -> None:
+        """Keep the pairs of ``report`` as results at ``now`` (monotonic s). A pair naming a
+        port the probe plan does not have is dropped (``unknown_probe_port``)."""
+        plan = self.probe_plan
+        if plan is None:
+            return  # no targets published yet: nothing asked for this
+        self.probe_reports += 1
+        for pair in report.pairs:
+            prober, target = PortId(report.host, pair.rail), PortId(pair.peer_host, pair.peer_rail)
+            if prober not in plan.leaf or target not in plan.leaf or prober == target:
+                self.dropped["unknown_probe_port"] += 1
+                continue
+            self.probe_results[(prober, target)] = PairResult(
+                prober,
+                target,
+                pair.sent,
+                pair.lost,
+                window_end=now,
+                window_s=report.window_s,
+                rtt_p50_us=None if pair.rtt_p50_ms is None else pair.rtt_p50_ms * 1000,
+                rtt_p99_us=None if pair.rtt_p99_ms is None else pair.rtt_p99_ms * 1000,
+            )
+
+    def localize_probes(self, *, now: float) -> list[ProbeVerdict]:
+        """Run the localiser on the fresh results at ``now`` (monotonic s) and act on the
+        raised and cleared verdicts: a port verdict marks (or clears) its rail as unusable for
+        its host (:meth:`FabricState.on_probe_verdict`, then a solve); a leaf verdict is logged
+        (switch-level faults are the operator's ``fabric/faults``). Each is logged as
+        ``probe_verdict`` and emitted as a ``health`` change. Returns the verdicts acted on."""
+        if self.localizer is None:
+            return []
+        max_age = self.localizer.settings.max_age_s
+        for key, r in list(self.probe_results.items()):
+            if now - r.window_end > max_age:
+                del self.probe_results[key]
+        acted = []
+        for v in self.localizer.update(self.probe_results.values(), now):
+            if v.state not in ("raised", "cleared"):
+                continue
+            acted.append(v)
+            subject = str(v.subject)
+            effect = "logged"
+            if v.kind == "port" and isinstance(v.subject, PortId):
+                suspect = v.state == "raised"
+                if self.state.on_probe_verdict(v.subject.host, v.subject.rail, suspect=suspect):
+                    effect = "rail_unusable" if suspect else "rail_usable"
+                    self._changed(urgent=suspect)
+            doc = {
+                "kind": v.kind,
+                "subject": subject,
+                "state": v.state,
+                "witnesses": v.witnesses,
+                "lossy": v.lossy,
+                "seen_as": list(v.seen_as),
+                "effect": effect,
+            }
+            if isinstance(v.subject, PortId):
+                doc |= {"host": v.subject.host, "rail": v.subject.rail}
+            (log.warning if v.state == "raised" else log.info)("probe_verdict", **doc)
+            self.changes.emit("health", {"probe_verdict": doc})
+        return acted
 
     def _open_retained(self, msg: BusMessage, kind: str, host: str) -> bytes | None:
         """The message inside a retained plan or peer routes payload of a fabric host. With a

@@ -16,7 +16,8 @@ A port counts as unusable when its status is down, held_down, suppressed or degr
 drained: error counters over a threshold, or back slower; its traffic moves as for a down port,
 with the agent's hysteresis keeping noisy counters from flapping plans), or when its leaf is
 down or cut off from its rail (switch-level faults: :meth:`FabricState.on_fabric_faults`, the
-bus message, or :meth:`FabricState.on_switch_faults`, by link index).
+bus message, or :meth:`FabricState.on_switch_faults`, by link index), or when per-rail probes
+localised it as dropping packets (:attr:`FabricState.probe_suspect`, set by the service).
 ``unknown`` (never read, or unreadable) counts as usable: no information never turns into a
 route change.
 """
@@ -151,6 +152,9 @@ class FabricState:
     solver: Solver | None = field(default=None, repr=False)
     #: switch-level faults and what they cost (:mod:`linkguard.topology.health`)
     health: Health | None = field(default=None, repr=False)
+    #: (host, rail) ports that per-rail probes localised as dropping packets (the service's
+    #: probe verdicts, :mod:`linkguard.topology.localize`): unusable like a degraded port
+    probe_suspect: set[tuple[str, int]] = field(default_factory=set)
     #: compact plans + shared peer routes where the fabric allows (:class:`Solver` ``shared``)
     shared: bool = True
     #: the leader term stamped on every plan and peer routes message (0: no election;
@@ -316,6 +320,19 @@ class FabricState:
         self.health = health
         self.dirty |= health.unusable != old
 
+    def on_probe_verdict(self, host: str, rail: int, *, suspect: bool) -> bool:
+        """Mark ``host``'s port on ``rail`` as localised by probes to drop packets
+        (``suspect``) or clear it. Returns whether the mark changed (``dirty`` is set then); a
+        host or rail the fabric lacks changes nothing."""
+        if rail not in self._rails_of.get(host, ()):
+            return False
+        key = (host, rail)
+        if suspect == (key in self.probe_suspect):
+            return False
+        (self.probe_suspect.add if suspect else self.probe_suspect.discard)(key)
+        self.dirty = True
+        return True
+
     def on_switch_faults(
         self, *, switches_down: Iterable[str] = (), links_down: Iterable[int] = ()
     ) -> Health:
@@ -346,6 +363,8 @@ class FabricState:
         if self.health is not None:
             for host, rails in self.health.unusable.items():
                 out.setdefault(host, set()).update(rails)
+        for host, rail in self.probe_suspect:
+            out.setdefault(host, set()).add(rail)
         return {h: frozenset(r) for h, r in out.items()}
 
     def prepare(self) -> dict[str, frozenset[int]]:

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import structlog
 from pydantic import BaseModel
@@ -65,6 +65,8 @@ from linkguard.models import (
     Plan,
     PortState,
     PortStatus,
+    ProbeReport,
+    ProbeTargets,
     decode,
     encode,
     expand_plan,
@@ -74,6 +76,9 @@ from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
 from linkguard.signing import SignatureError, Verifier, unwrap
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "run_agent"]
+
+if TYPE_CHECKING:
+    from linkguard.agent.prober import ProbeRunner
 
 log = structlog.get_logger(__name__)
 
@@ -262,6 +267,12 @@ class Agent:
         #: what jobs see: changes go to the hooks and the rails socket (linkguard.agent.railmap)
         self.rail_changes = RailChanges(self.host)
         self.hooks = HookRunner(settings.hooks)
+        #: per-rail probes toward the service's targets (``probes.enabled``; None: off)
+        self.prober: ProbeRunner | None = None
+        if settings.probes.enabled:  # scapy (~25 MiB) is imported only then
+            from linkguard.agent.prober import ProbeRunner
+
+            self.prober = ProbeRunner(self.host, netns=settings.netns)
         self.rails_socket = (
             RailMapServer(
                 settings.rails_socket,
@@ -300,6 +311,7 @@ class Agent:
                 # connection comes back as the retained copy on the resubscribe; saves every
                 # host a PUBACK per peer change (256 per host link event at 256 hosts)
                 (topics.all_peer_routes(), 0),
+                *([topics.probe_targets(self.host)] if settings.probes.enabled else []),
             ],
             handler=self._on_message,
             on_connect=self._on_connect,
@@ -424,6 +436,8 @@ class Agent:
                 tg.create_task(self.hooks.run(), name="hooks")
                 if self.rails_socket is not None:
                     tg.create_task(self.rails_socket.serve(), name="rails-socket")
+                if self.prober is not None:
+                    tg.create_task(self.prober.run(self._publish_probes), name="probes")
                 await self._stop.wait()
                 if self.duplicate is None:  # never mark the other instance offline
                     with contextlib.suppress(TimeoutError):
@@ -592,6 +606,9 @@ class Agent:
         if parsed is not None and parsed.kind == "peers":
             await self._on_peer_routes(msg, parsed.host)
             return
+        if parsed is not None and parsed.kind == "probe_targets" and parsed.host == self.host:
+            self._on_probe_targets(msg)
+            return
         if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
             self.stats.messages_dropped["unexpected_topic"] += 1
             log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
@@ -638,6 +655,28 @@ class Agent:
             await self._apply(plan, same_epoch=True, raw=msg.payload)
             return
         await self._apply(plan, raw=msg.payload)
+
+    def _on_probe_targets(self, msg: BusMessage) -> None:
+        """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
+        change no route; the broker's ACL lets only the service publish them); a bad one is
+        dropped and counted like any message."""
+        if self.prober is None or not msg.payload:
+            return
+        try:
+            targets = decode(
+                ProbeTargets,
+                msg.payload,
+                topic=msg.topic,
+                expect_host=self.host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+        except BadMessage as exc:
+            self._drop(msg, exc.reason, exc.detail)
+            return
+        self.prober.set_targets(targets)
+
+    async def _publish_probes(self, report: ProbeReport) -> None:
+        await self.bus.publish(topics.probe_report(self.host), encode(report), retain=False)
 
     def _drop(self, msg: BusMessage, reason: str, detail: str) -> None:
         """Count and log a message that is not taken (``message_dropped``)."""

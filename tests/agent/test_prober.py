@@ -1,0 +1,108 @@
+"""The agent's probe runner (:mod:`linkguard.agent.prober`) on real UDP sockets over loopback:
+two "hosts" on 127.0.0.0/8 addresses answer and probe each other from their targets and report
+loss and RTT every window; a peer that stops answering shows as every probe lost; a rail
+address that is not on this host is logged and left out, never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from structlog.testing import capture_logs
+
+from linkguard.agent.prober import ProbeRunner
+from linkguard.models import ProbePeer, ProbeRail, ProbeReport, ProbeTargets
+from tests.support import until
+
+A, B = "127.0.0.71", "127.0.0.72"
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _targets(host: str, me: str, peer_host: str, peer: str, port: int, epoch: int = 1):
+    return ProbeTargets(
+        host=host,
+        epoch=epoch,
+        port=port,
+        rate_pps=20 / 2,  # 10 probes/s to the one peer
+        timeout_s=0.2,
+        window_s=0.5,
+        rails=[
+            ProbeRail(rail=0, address=me, peers=[ProbePeer(host=peer_host, rail=0, address=peer)])
+        ],
+    )
+
+
+@contextlib.asynccontextmanager
+async def _runner(host: str, reports: list[ProbeReport]) -> AsyncIterator[ProbeRunner]:
+    runner = ProbeRunner(host)
+
+    async def publish(r: ProbeReport) -> None:
+        reports.append(r)
+
+    task = asyncio.create_task(runner.run(publish))
+    try:
+        yield runner
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_two_hosts_probe_each_other_and_a_silent_peer_shows_as_loss() -> None:
+    port = _free_udp_port()
+    a_reports: list[ProbeReport] = []
+    b_reports: list[ProbeReport] = []
+    async with _runner("gpu000", a_reports) as a:
+        a.set_targets(_targets("gpu000", A, "gpu001", B, port))
+        async with _runner("gpu001", b_reports) as b:
+            b.set_targets(_targets("gpu001", B, "gpu000", A, port))
+            await until(
+                lambda: any(r.pairs and r.pairs[0].sent >= 3 for r in a_reports[1:]),
+                "a full window of A's probes",
+            )
+        got = next(r for r in a_reports[1:] if r.pairs[0].sent >= 3)
+        assert got.host == "gpu000" and got.epoch == 1 and got.window_s == 0.5
+        (pair,) = got.pairs
+        assert (pair.rail, pair.peer_host, pair.peer_rail) == (0, "gpu001", 0)
+        assert pair.lost == 0
+        assert pair.rtt_p50_ms is not None and 0 < pair.rtt_p50_ms < 200
+        assert pair.rtt_p99_ms is not None and pair.rtt_p99_ms >= pair.rtt_p50_ms
+        assert any(r.pairs[0].sent >= 3 and r.pairs[0].lost == 0 for r in b_reports)
+        # B is gone (its responder closed): every probe of a later window is lost
+        n = len(a_reports)
+        await until(
+            lambda: any(
+                r.pairs[0].sent >= 3 and r.pairs[0].lost == r.pairs[0].sent for r in a_reports[n:]
+            ),
+            "a window of A's probes all lost",
+        )
+        lost = next(r for r in a_reports[n:] if r.pairs[0].lost == r.pairs[0].sent >= 3)
+        assert lost.pairs[0].rtt_p50_ms is None
+
+
+async def test_an_address_not_on_this_host_is_logged_not_fatal() -> None:
+    reports: list[ProbeReport] = []
+    port = _free_udp_port()
+    with capture_logs() as logs:
+        async with _runner("gpu000", reports) as a:
+            t = _targets("gpu000", "192.0.2.1", "gpu001", B, port)  # TEST-NET-1: not local
+            a.set_targets(t)
+            await until(lambda: len(reports) >= 1, "a report without the rail")
+            assert reports[0].pairs == [] and a.failures == 0
+            a.set_targets(_targets("gpu000", A, "gpu001", B, port, epoch=2))
+            await until(lambda: any(r.epoch == 2 and r.pairs for r in reports), "new targets")
+    failed = [e for e in logs if e["event"] == "probe_rail_failed"]
+    assert len(failed) == 1 and failed[0]["address"] == "192.0.2.1"
+
+
+def test_targets_of_another_host_are_refused() -> None:
+    with pytest.raises(ValueError, match="gpu001"):
+        ProbeRunner("gpu000").set_targets(_targets("gpu001", A, "gpu000", B, 47_910))

@@ -1,0 +1,234 @@
+"""Per-rail probes through the bus (issue 8): the service publishes each host's probe targets,
+takes the agents' probe reports, localises a port that drops packets and routes its host's
+traffic off that rail until the loss has stayed low for ``clear_after_s``. Agents are played
+by a client of the in-memory broker that publishes :class:`ProbeReport` messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from structlog.testing import capture_logs
+
+from linkguard import topics
+from linkguard.config import AgentSettings, ServiceSettings
+from linkguard.membus import MemoryBroker, MemoryBus
+from linkguard.models import Plan, ProbePair, ProbeReport, ProbeTargets, decode, encode
+from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.probeplan import PortId
+from linkguard.topology.service import TopologyService
+from tests.support import until
+
+FABRIC = generate_rail_optimized(hosts=8, rails=2)
+HOSTS = FABRIC.host_names
+VICTIM = PortId("gpu003", 0)
+PROBES = {
+    "enabled": True,
+    "window_s": 0.1,
+    "epoch_s": 3600,
+    "min_samples": 5,
+    "clear_after_s": 0.5,
+}
+
+
+def _settings(**probes: object) -> ServiceSettings:
+    return ServiceSettings(startup_settle_s=0, api={"enabled": False}, probes={**PROBES, **probes})
+
+
+@asynccontextmanager
+async def _running(settings: ServiceSettings) -> AsyncIterator[tuple[TopologyService, MemoryBus]]:
+    broker = MemoryBroker()
+    service = TopologyService(
+        settings, fabric=FABRIC, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
+    )
+    task = asyncio.create_task(service.run())
+    agents = MemoryBus(broker=broker, client_id="agents")
+    try:
+        async with agents:
+            await agents.wait_connected(5)
+            await until(lambda: service.solves >= 1, "first solve")
+            yield service, agents
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def _targets(agents: MemoryBus) -> dict[str, ProbeTargets]:
+    broker = agents._broker
+    out = {}
+    for h in HOSTS:
+        raw = broker.retained.get(topics.probe_targets(h))
+        if raw is not None:
+            out[h] = decode(ProbeTargets, raw, expect_host=h)
+    return out
+
+
+def _reports(targets: dict[str, ProbeTargets], lossy: Callable[[PortId, PortId], bool]):
+    """One report per host: 10 probes to every target, all lost on a lossy pair."""
+    for host, t in targets.items():
+        pairs = []
+        for rail in t.rails:
+            for peer in rail.peers:
+                bad = lossy(PortId(host, rail.rail), PortId(peer.host, peer.rail))
+                pairs.append(
+                    ProbePair(
+                        rail=rail.rail,
+                        peer_host=peer.host,
+                        peer_rail=peer.rail,
+                        sent=10,
+                        lost=10 if bad else 0,
+                        rtt_p50_ms=None if bad else 0.4,
+                        rtt_p99_ms=None if bad else 0.9,
+                    )
+                )
+        yield ProbeReport(
+            host=host, epoch=t.epoch, window_end=time.time(), window_s=0.1, pairs=pairs
+        )
+
+
+async def _publish_until(
+    agents: MemoryBus,
+    targets: dict[str, ProbeTargets],
+    lossy: Callable[[PortId, PortId], bool],
+    cond: Callable[[], object],
+    what: str,
+) -> None:
+    """Publish a round of reports every 50 ms until ``cond()`` (deadline 10 s)."""
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        for r in _reports(targets, lossy):
+            assert await agents.publish(topics.probe_report(r.host), encode(r))
+        await asyncio.sleep(0.05)
+
+
+def _rails_used(service: TopologyService, host: str) -> set[int]:
+    plan: Plan = service.state.published[host]
+    return {a.rail for a in plan.rail_assignments}
+
+
+def test_probes_are_off_by_default() -> None:
+    assert ServiceSettings().probes.enabled is False
+    assert AgentSettings(host="gpu000").probes.enabled is False
+
+
+async def test_disabled_service_publishes_no_targets_and_ignores_reports() -> None:
+    async with _running(_settings(enabled=False)) as (service, agents):
+        report = ProbeReport(host=HOSTS[0], epoch=0, window_end=1.0, window_s=10.0)
+        assert await agents.publish(topics.probe_report(HOSTS[0]), encode(report))
+        assert await agents.publish(topics.probe_report(HOSTS[0]), b"{not json")
+        # a malformed event after them: once it is counted, the reports before it were handled
+        assert await agents.publish(topics.events(HOSTS[0]), b"{not json")
+        await until(lambda: service.dropped["not_json"] == 1, "the sentinel event")
+        assert _targets(agents) == {}
+        assert service.probe_reports == 0 and service.dropped == {"not_json": 1}
+
+
+async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() -> None:
+    async with _running(_settings()) as (service, agents):
+        await until(lambda: len(_targets(agents)) == len(HOSTS), "every host's probe targets")
+        targets = _targets(agents)
+        t = targets[VICTIM.host]
+        assert t.mode == "udp" and t.port == 47_910 and t.window_s == 0.1
+        assert sorted(r.rail for r in t.rails) == [0, 1]
+        assert all(len(r.peers) == 4 for tt in targets.values() for r in tt.rails)
+        probers = [
+            h
+            for h, tt in targets.items()
+            for r in tt.rails
+            for p in r.peers
+            if (p.host, p.rail) == (VICTIM.host, VICTIM.rail)
+        ]
+        assert len(probers) == 4  # every port probed by fan_out others
+        assert _rails_used(service, VICTIM.host) == {0, 1}
+
+        def victim_lossy(a: PortId, b: PortId) -> bool:
+            return VICTIM in (a, b)
+
+        with capture_logs() as logs:
+            await _publish_until(
+                agents,
+                targets,
+                victim_lossy,
+                lambda: (
+                    VICTIM.host in service.state.published
+                    and _rails_used(service, VICTIM.host) == {1}
+                ),
+                "the victim host's plan to leave rail 0",
+            )
+            assert service.state.probe_suspect == {(VICTIM.host, VICTIM.rail)}
+            # only the victim's own host moved off the rail; its peers keep both rails
+            assert all(_rails_used(service, h) == {0, 1} for h in HOSTS if h != VICTIM.host)
+            raised_at = time.monotonic()
+            await _publish_until(
+                agents,
+                targets,
+                lambda a, b: False,
+                lambda: (
+                    not service.state.probe_suspect and _rails_used(service, VICTIM.host) == {0, 1}
+                ),
+                "the verdict to clear and rail 0 to come back",
+            )
+            held_s = time.monotonic() - raised_at
+        verdicts = [e for e in logs if e["event"] == "probe_verdict"]
+        assert [(v["state"], v["kind"], v["subject"], v["effect"]) for v in verdicts] == [
+            ("raised", "port", str(VICTIM), "rail_unusable"),
+            ("cleared", "port", str(VICTIM), "rail_usable"),
+        ]
+        assert verdicts[0]["seen_as"] == ["target", "prober"]
+        assert verdicts[0]["witnesses"] == 8 and verdicts[0]["lossy"] == 8
+        assert held_s >= 0.5  # clear_after_s of low loss before it cleared
+        feed = [
+            c.data["probe_verdict"]["state"]
+            for c in service.changes._backlog
+            if c.kind == "health" and "probe_verdict" in c.data
+        ]
+        assert feed == ["raised", "cleared"]
+        assert service.dropped == {}
+
+
+async def test_bad_probe_reports_are_dropped_and_counted() -> None:
+    async with _running(_settings()) as (service, agents):
+        await until(lambda: len(_targets(agents)) == len(HOSTS), "probe targets")
+        h = HOSTS[0]
+        good = ProbeReport(host=h, epoch=0, window_end=1.0, window_s=0.1).model_dump(mode="json")
+        bad_pair = {"rail": 0, "peer_host": HOSTS[1], "peer_rail": 0, "sent": 3, "lost": 4}
+        nan_rtt = {
+            "rail": 0,
+            "peer_host": HOSTS[1],
+            "peer_rail": 0,
+            "sent": 3,
+            "lost": 0,
+            "rtt_p50_ms": "NaN",
+        }
+        unknown = ProbeReport(
+            host=h,
+            epoch=0,
+            window_end=1.0,
+            window_s=0.1,
+            pairs=[
+                ProbePair(rail=5, peer_host=HOSTS[1], peer_rail=0, sent=10, lost=0),
+                ProbePair(rail=0, peer_host="nobody", peer_rail=0, sent=10, lost=0),
+            ],
+        )
+        payloads = [
+            b"{not json",
+            json.dumps({**good, "pairs": [bad_pair]}).encode(),
+            json.dumps({**good, "pairs": [nan_rtt]}).encode(),
+            json.dumps({**good, "window_s": 0}).encode(),
+            json.dumps({**good, "host": HOSTS[1]}).encode(),
+            encode(unknown),
+        ]
+        for p in payloads:
+            assert await agents.publish(topics.probe_report(h), p)
+        await until(lambda: service.dropped["unknown_probe_port"] == 2, "the unknown ports counted")
+        assert service.dropped == {
+            "not_json": 1,
+            "invalid": 3,
+            "wrong_host": 1,
+            "unknown_probe_port": 2,
+        }
+        assert service.probe_reports == 1 and service.probe_results == {}
