@@ -455,6 +455,18 @@ class ProbeRunSettings(_Section):
     min_samples: int = Field(5, ge=1, le=100_000, description="probes on a pair before it counts")
     clear_after_s: float = Field(60.0, ge=0, le=86_400, description="loss low this long clears")
 
+    @model_validator(mode="after")
+    def _bounded(self) -> ProbeRunSettings:
+        if self.fan_out * self.rate_pps > 16:
+            raise ValueError(
+                f"fan_out {self.fan_out} x rate_pps {self.rate_pps:g} = "
+                f"{self.fan_out * self.rate_pps:g} probes/s per port > 16 (the bound that keeps "
+                "a 16,384-GPU fleet under 524,288 packets/s)"
+            )
+        if self.cross_su > self.fan_out:
+            raise ValueError(f"cross_su {self.cross_su} > fan_out {self.fan_out}")
+        return self
+
 
 class OfflineSettings(_Section):
     """What the service does when an agent's connection is lost (its MQTT last will,

@@ -69,3 +69,22 @@ def test_a_key_given_twice_in_the_config_is_refused(tmp_path: Path) -> None:
     cfg = _yaml(tmp_path, "bus: {brokers: ['n1:1883']}\nhost: a\nbus: {port: 1884}\n")
     with pytest.raises(ConfigError, match="key 'bus' given twice"):
         load_settings(ServiceSettings, cfg)
+
+
+def test_probe_settings_over_the_per_port_bound_are_refused_at_load(tmp_path: Path) -> None:
+    cfg = _yaml(tmp_path, "probes: {enabled: true, fan_out: 16, rate_pps: 16}\n")
+    with pytest.raises(ConfigError, match=r"256 probes/s per port > 16"):
+        load_settings(ServiceSettings, cfg)
+    with pytest.raises(ConfigError, match="cross_su 5 > fan_out 2"):
+        load_settings(AgentSettings, _yaml(tmp_path, "probes: {cross_su: 5, fan_out: 2}\n"))
+
+
+async def test_a_probe_responder_can_be_rebound_at_once() -> None:
+    """An epoch rotation closes every rail's responder and binds the same address again."""
+    from linkguard.agent.probe import ProbeResponder
+    from linkguard.broker import free_port
+
+    port = free_port()
+    for _ in range(3):
+        async with ProbeResponder("127.0.0.1", port) as r:
+            assert r._proto is not None and r._proto.transport is not None

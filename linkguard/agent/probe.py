@@ -172,9 +172,21 @@ class _Proto(asyncio.DatagramProtocol):
     def __init__(self, on_datagram) -> None:  # type: ignore[no-untyped-def]
         self.on_datagram = on_datagram
         self.transport: asyncio.DatagramTransport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def close(self) -> None:
+        """Close the socket and wait until it is closed: asyncio closes it on a later loop
+        turn, and a new endpoint on the same address before that fails (EADDRINUSE)."""
+        if self.transport is not None:
+            self.transport.close()
+            await self.closed
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.on_datagram(data, addr)
@@ -214,8 +226,8 @@ class ProbeResponder:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._proto and self._proto.transport:
-            self._proto.transport.close()
+        if self._proto is not None:
+            await self._proto.close()
 
     def _on(self, data: bytes, addr: tuple[str, int]) -> None:
         t = time.monotonic_ns()
@@ -299,8 +311,8 @@ class ProbeSender:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._proto and self._proto.transport:
-            self._proto.transport.close()
+        if self._proto is not None:
+            await self._proto.close()
 
     async def _run(self) -> None:
         interval = 1.0 / self.rate_pps
