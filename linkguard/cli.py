@@ -910,26 +910,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _fail(f"quickstart failed: {exc}", 1)
         return 0
 
-    if args.command == "fabric":
-        return _fabric(args)
-
-    if args.command == "broker":
-        return _broker(args)
-
-    if args.command == "report":
-        return _report(args)
-
-    if args.command == "nccl":
-        return _nccl_env(args)
-
-    if args.command == "keys":
-        return _keys(args)
-
-    if args.command == "layout":
-        return _layout(args)
-
-    if args.command == "rails":
-        return _rails_follow(args)
+    simple = {
+        "fabric": _fabric,
+        "broker": _broker,
+        "report": _report,
+        "nccl": _nccl_env,
+        "keys": _keys,
+        "layout": _layout,
+        "rails": _rails_follow,
+    }
+    if args.command in simple:
+        return simple[args.command](args)
 
     if args.command == "sim":
         handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
