@@ -47,6 +47,10 @@ class PortObservation:
     #: a real fault, unlike an unreadable value, so the port is unusable.
     present: bool = True
     gids: Mapping[int, str] | None = None
+    #: False when ``counters`` are the values of an earlier reading, reused (the sysfs driver
+    #: re-reads counters every ``counters_interval_s`` only): they may predate this reading's
+    #: state (read while the port was down, say)
+    counters_fresh: bool = True
 
     @property
     def key(self) -> str:

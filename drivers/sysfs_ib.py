@@ -33,6 +33,7 @@ import errno as errno_mod
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -486,28 +487,147 @@ def _ext_name(name: str) -> str:
     return name
 
 
-def _read_counters(reader: Reader, root: str, base: str) -> _Counters:
+_COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
+
+
+def _dirs_signature(root: str, base: str) -> tuple[tuple[int, int] | None, ...]:
+    """(inode, mtime in ns) of each counter directory of the port ``base``, None when absent:
+    a directory re-created or a file added, removed or replaced in it changes it (sysfs
+    directories never change in place; a re-registered device's are new inodes)."""
+    sig: list[tuple[int, int] | None] = []
+    for d in _COUNTER_DIRS:
+        try:
+            st = os.stat(f"{root}/{base}/{d}")
+        except OSError:
+            sig.append(None)
+        else:
+            sig.append((st.st_ino, st.st_mtime_ns))
+    return tuple(sig)
+
+
+def _settled(signature: tuple[tuple[int, int] | None, ...]) -> bool:
+    """Every directory of a :func:`_dirs_signature` last changed over a second ago."""
+    before = time.time_ns() - 1_000_000_000
+    return all(s is None or s[1] < before for s in signature)
+
+
+@dataclass(frozen=True)
+class _CounterFiles:
+    """The counter files of one port: ``counters/``, ``counters_ext/`` and ``hw_counters/``
+    names (sorted), listed again when their directories' ``signature`` changes; ``errors``
+    from listing them."""
+
+    legacy: tuple[str, ...]
+    ext: tuple[str, ...]
+    hw: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    signature: tuple[tuple[int, int] | None, ...] = ()
+
+
+def _list_counters(root: str, base: str) -> _CounterFiles:
+    signature = _dirs_signature(root, base)  # before listing: a change in between re-lists
     errors: list[str] = []
+    legacy = _listdir(f"{root}/{base}/counters", f"{base}/counters", errors)
+    ext = _listdir(f"{root}/{base}/counters_ext", f"{base}/counters_ext", errors)
+    hw = _listdir(f"{root}/{base}/hw_counters", f"{base}/hw_counters", errors)
+    # lifespan: the hw_counters cache lifetime in ms, a setting
+    hw_names = tuple(n for n in hw if n != "lifespan")
+    return _CounterFiles(tuple(legacy), tuple(ext), hw_names, tuple(errors), signature)
+
+
+def _counter(reader: Reader, root: str, rel: str, errors: list[str]) -> int | None:
+    """``_parse(reader, root, rel, parse_counter, errors)`` with a fast path for the usual
+    plain decimal (a counter poll reads ~50 files per port)."""
+    text = _read(reader, root, rel, errors)
+    if text is None:
+        return None
+    t = text.strip()
+    if t.isdigit() and t.isascii() and len(t) <= 20 and (v := int(t)) <= _U64_MAX:
+        return v
+    value, problem = parse_counter(text)
+    if problem is not None:
+        errors.append(f"{rel}: {problem}")
+    return value
+
+
+def _read_counters(
+    reader: Reader, root: str, base: str, files: _CounterFiles | None = None
+) -> _Counters:
+    """Every counter of the port ``base`` (``<hca>/ports/<n>``). ``files``: its listing from
+    :func:`_list_counters` (listed now when None)."""
+    if files is None:
+        files = _list_counters(root, base)
+    errors: list[str] = list(files.errors)
     values: dict[str, int | None] = {}
     widths: dict[str, int | None] = {}
-    for name in _listdir(f"{root}/{base}/counters", f"{base}/counters", errors):
-        values[name] = _parse(reader, root, f"{base}/counters/{name}", parse_counter, errors)
+    for name in files.legacy:
+        values[name] = _counter(reader, root, f"{base}/counters/{name}", errors)
         widths[name] = COUNTER_WIDTHS.get(name)
     # 64-bit counters_ext win over the 32-bit legacy ones when present and readable.
-    for ext in _listdir(f"{root}/{base}/counters_ext", f"{base}/counters_ext", errors):
-        value = _parse(reader, root, f"{base}/counters_ext/{ext}", parse_counter, errors)
+    for ext in files.ext:
+        value = _counter(reader, root, f"{base}/counters_ext/{ext}", errors)
         name = _ext_name(ext)
         if value is not None or name not in values:
             values[name] = value
             widths[name] = 64
-    for name in _listdir(f"{root}/{base}/hw_counters", f"{base}/hw_counters", errors):
-        if name == "lifespan":  # cache lifetime in ms, a setting
-            continue
+    for name in files.hw:
         key = name if name not in values else f"hw_{name}"
-        values[key] = _parse(reader, root, f"{base}/hw_counters/{name}", parse_counter, errors)
+        values[key] = _counter(reader, root, f"{base}/hw_counters/{name}", errors)
         widths[key] = None
     saturated = frozenset(n for n, v in values.items() if v is not None and _at_max(v, widths[n]))
     return _Counters(values, saturated, tuple(errors))
+
+
+class _KeptOpen:
+    """A :data:`Reader` that keeps each attribute it read open and re-reads it with
+    ``pread(fd, 4096, 0)``: one system call instead of open + read + close. On sysfs a read at
+    offset 0 runs the attribute's ``show()`` again (fs/seq_file.c ``seq_read_iter`` restarts at
+    position 0), so the value is as fresh as a new open's. At most ``budget`` files are kept open
+    (the rest are read as :func:`read_sysfs` does); any failed ``pread`` closes that file and
+    reads it again by path, so errors are exactly :func:`read_sysfs`'s (a re-registered device's
+    old node fails with ENODEV, its path gives the new one). :meth:`forget` closes the files
+    under a directory (the poller does when the port's counter directories changed: a file
+    replaced by rename, as tests do, is then re-opened); :meth:`close` closes them all."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.fds: dict[str, int] = {}
+
+    def __call__(self, path: str) -> str:
+        fd = self.fds.get(path)
+        if fd is None:
+            if len(self.fds) >= self.budget:
+                return read_sysfs(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fds[path] = fd
+        try:
+            data = os.pread(fd, _MAX_READ, 0)
+        except OSError:
+            del self.fds[path]
+            os.close(fd)
+            return read_sysfs(path)
+        return data.decode("utf-8", "replace")
+
+    def forget(self, prefix: str) -> None:
+        for path in [p for p in self.fds if p.startswith(prefix)]:
+            os.close(self.fds.pop(path))
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _fd_budget() -> int:
+    """Files the counter reader may keep open: half the soft RLIMIT_NOFILE, at most 4096 (1024
+    under systemd by default: 512, the 47 counter files of each of 8 mlx5 ports fit)."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 0
+    return 4096 if soft == resource.RLIM_INFINITY else max(0, min(soft // 2, 4096))
 
 
 @dataclass(frozen=True)
@@ -632,6 +752,14 @@ class _Poller:
         #: per port, the raw text of ``state`` and ``phys_state`` at its last full reading
         self.raw: dict[str, tuple[str | None, str | None]] = {}
         self.counters: dict[str, _Counters] = {}
+        #: per port, its counter files (listed at re-discovery)
+        self.counter_files: dict[str, _CounterFiles] = {}
+        #: counters are read through kept-open files with the real reader (tests inject theirs)
+        self.counter_reader: Reader = _KeptOpen(_fd_budget()) if reader is read_sysfs else reader
+        #: held by :meth:`poll` and :meth:`close` (a cancelled watch() may leave a poll running
+        #: in its worker thread: its files are closed only after it)
+        self.lock = threading.Lock()
+        self.closed = False
         self.discovered_at = float("-inf")
         self.counters_at = float("-inf")
         self.stack_missing_logged = False
@@ -693,6 +821,39 @@ class _Poller:
         self.names = names
         self.discovered_at = now
 
+    def close(self) -> None:
+        """Close the kept-open counter files: now, or when the poll still running in a worker
+        thread (a cancelled watch()) ends; never blocks on it (a wedged HCA can hang a read)."""
+        self.closed = True
+        if self.lock.acquire(blocking=False):
+            try:
+                self._close_files()
+            finally:
+                self.lock.release()
+
+    def _read_counters(self, key: str, rel: str) -> _Counters:
+        """The port's counters, its files listed again only when their directories changed."""
+        files = self.counter_files.get(key)
+        if files is None or _dirs_signature(self.root_s, rel) != files.signature:
+            self._forget(key, rel)
+            files = _list_counters(self.root_s, rel)
+            # Kept (and its files kept open) only once the directories have been quiet for a
+            # second: a directory's mtime ticks coarsely (a jiffy), so a file replaced within
+            # the tick of the listing would not change the signature. sysfs: always quiet.
+            if files.errors or not _settled(files.signature):
+                return _read_counters(self.reader, self.root_s, rel, files)
+            self.counter_files[key] = files
+        return _read_counters(self.counter_reader, self.root_s, rel, files)
+
+    def _forget(self, key: str, rel: str) -> None:
+        self.counter_files.pop(key, None)
+        if isinstance(self.counter_reader, _KeptOpen):
+            self.counter_reader.forget(f"{self.root_s}/{rel}/")
+
+    def _close_files(self) -> None:
+        if isinstance(self.counter_reader, _KeptOpen):
+            self.counter_reader.close()
+
     def poll(self, now: float, only: frozenset[str] | None = None) -> list[PortObservation]:
         """Read every port; return the observations whose reading changed since the last poll
         (everything on the first call), including "removed" observations for vanished ports.
@@ -701,6 +862,14 @@ class _Poller:
         them in full (state, phys_state, rate, link layer: a LID/GID/speed change need not
         change ``state``); counters are reused and nothing else is rediscovered unless the
         class directory's names changed."""
+        with self.lock:
+            try:
+                return self._poll(now, only)
+            finally:
+                if self.closed:
+                    self._close_files()
+
+    def _poll(self, now: float, only: frozenset[str] | None) -> list[PortObservation]:
         try:
             names = frozenset(os.listdir(self.root_s))
         except (FileNotFoundError, NotADirectoryError):
@@ -742,10 +911,13 @@ class _Poller:
                 base = _read_base(self.reader, self.root_s, d.hca, p)
                 if base.present:
                     counters = self.counters.get(key)
-                    if read_counters or counters is None:
-                        counters = _read_counters(self.reader, self.root_s, f"{d.hca}/ports/{p}")
+                    fresh = read_counters or counters is None
+                    if fresh:
+                        counters = self._read_counters(key, f"{d.hca}/ports/{p}")
                         self.counters[key] = counters
                     obs = _observation(d.hca, p, now, base, counters, d.netdevs.get(p))
+                    if not fresh:
+                        obs = replace(obs, counters_fresh=False)
                     obs = self._roce(
                         obs, key, counters_read=read_counters, full=rediscovered or only is not None
                     )  # an event (GID_CHANGE...) re-reads the GID table too
@@ -763,15 +935,11 @@ class _Poller:
             self.raw.pop(key, None)
             self.gids.pop(key, None)
             self.phy.pop(key, None)
+            self._forget(key, f"{gone.hca}/ports/{gone.port}")
             obs = _removed(gone.hca, gone.port, now)
             if not obs.same_reading(gone):
                 changed.append(obs)
         return changed
-
-
-def _wake(poke: asyncio.Future[None] | None) -> None:
-    if poke is not None and not poke.done():
-        poke.set_result(None)
 
 
 class SysfsIBSource:
@@ -807,10 +975,12 @@ class SysfsIBSource:
         self.rediscover_s = rediscover_s
         self.reader = reader
         self.phy_stats = phy_stats
+        #: HCAs poll_now() asked for, taken by the poller thread under ``_lock``
         self._wanted: set[str] = set()
-        #: what watch() awaits between ticks: a future the timer or poll_now() completes (the
-        #: cost of a plain sleep; wait_for on an Event made a task every poll)
-        self._poke: asyncio.Future[None] | None = None
+        self._lock = threading.Lock()
+        #: set to wake the poller thread early: poll_now() or the end of watch()
+        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: targeted re-reads done (:meth:`poll_now` requests coalesce into one each)
         self.rereads = 0
 
@@ -818,16 +988,33 @@ class SysfsIBSource:
         """Re-read every port of ``hcas`` now instead of at the next ``interval_s`` tick (an
         async event said something changed on these devices). Requests made before the re-read
         runs coalesce into one; HCAs not watched are simply not found. The regular polls go on
-        as before: this only adds reads. Call from the event loop's thread."""
-        self._wanted.update(hcas)
-        _wake(self._poke)
+        as before: this only adds reads. Thread-safe.
+
+        The poller thread is woken through the event loop, after the callback that asked: a
+        burst of events handled in one go (200 PORT_ERR lines in one read) is one re-read."""
+        with self._lock:
+            first = not self._wanted
+            self._wanted.update(hcas)
+        loop = self._loop
+        if not first:
+            return  # already on its way
+        if loop is None or loop.is_closed():
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def watch(self) -> AsyncIterator[list[PortObservation]]:
         """First a full snapshot (``[]`` when the RDMA stack is not loaded), then every
         ``interval_s`` the ports whose reading changed (no yield when nothing changed). A removed
         device's ports come once with ``state=None`` and an ``ENOENT (device removed)`` error.
         A :meth:`poll_now` request adds one re-read of its HCAs' ports between the ticks.
-        Reads run in a worker thread. Runs until cancelled."""
+        Runs until cancelled; an exception raised by a poll is raised here.
+
+        Reads and timing run in one thread of their own (``sysfs-poll``), which hands the event
+        loop only the polls that changed something: an idle fabric costs the loop nothing
+        (``asyncio.to_thread`` plus a loop timer per 100 ms tick was half the agent's idle CPU,
+        benchmarks/agent.py). The thread ends after its current poll once watch() ends; it
+        never blocks the loop (a read from a wedged HCA can hang)."""
         poller = _Poller(
             root=self.root,
             ports=self.ports,
@@ -836,26 +1023,56 @@ class SysfsIBSource:
             counters_interval_s=self.counters_interval_s,
             phy_stats=self.phy_stats,
         )
-        loop = asyncio.get_running_loop()
-        next_at = time.monotonic()
-        yield await asyncio.to_thread(poller.poll, next_at)
-        while True:
-            next_at = max(next_at + self.interval_s, time.monotonic())
-            while (delay := next_at - time.monotonic()) > 0:
-                if not self._wanted:  # else asked for before this wait: at once
-                    poke = self._poke = loop.create_future()
-                    timer = loop.call_later(delay, _wake, poke)
-                    try:
-                        await poke
-                    finally:
-                        timer.cancel()
-                        self._poke = None
-                wanted, self._wanted = frozenset(self._wanted), set()
-                if wanted:  # poll_now(): these HCAs at once
-                    self.rereads += 1
-                    changed = await asyncio.to_thread(poller.poll, time.monotonic(), wanted)
-                    if changed:
-                        yield changed
-            changed = await asyncio.to_thread(poller.poll, time.monotonic())
-            if changed:
-                yield changed
+        loop = self._loop = asyncio.get_running_loop()
+        out: asyncio.Queue[list[PortObservation] | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+
+        def hand(item: list[PortObservation] | BaseException) -> None:
+            try:
+                loop.call_soon_threadsafe(out.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                stop.set()
+
+        thread = threading.Thread(
+            target=self._run, args=(poller, stop, hand), name="sysfs-poll", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            self._wake.set()
+            poller.close()
+
+    def _run(
+        self,
+        poller: _Poller,
+        stop: threading.Event,
+        hand: Callable[[list[PortObservation] | BaseException], None],
+    ) -> None:
+        """The poller thread: a snapshot, then a poll every ``interval_s`` (a late poll moves
+        the next ones, it does not bunch them) and a targeted one whenever poll_now() asks."""
+        try:
+            next_at = time.monotonic()
+            hand(poller.poll(next_at))
+            while not stop.is_set():
+                next_at = max(next_at + self.interval_s, time.monotonic())
+                while (delay := next_at - time.monotonic()) > 0:
+                    self._wake.wait(delay)
+                    if stop.is_set():
+                        return
+                    self._wake.clear()  # before taking the set: a later request wakes again
+                    with self._lock:
+                        wanted, self._wanted = frozenset(self._wanted), set()
+                    if wanted:  # poll_now(): these HCAs at once
+                        self.rereads += 1
+                        if changed := poller.poll(time.monotonic(), wanted):
+                            hand(changed)
+                if changed := poller.poll(time.monotonic()):
+                    hand(changed)
+        except Exception as exc:  # raised by watch(), in the loop's thread
+            hand(exc)

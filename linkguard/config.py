@@ -691,6 +691,13 @@ def listen_address(text: str) -> tuple[str, int]:
     return (m["v6"] or m["host"], int(m["port"]))
 
 
+#: verbs_events words, any case: YAML 1.1's booleans mean what the environment's words mean
+_VERBS_EVENTS_WORDS = {
+    **dict.fromkeys(("auto", "on", "true", "yes"), "auto"),
+    **dict.fromkeys(("off", "false", "no"), "off"),
+}
+
+
 class AgentSettings(_Base):
     """``linkguard agent``: one per GPU host."""
 
@@ -810,14 +817,24 @@ class AgentSettings(_Base):
         "auto",
         description="RDMA async events (PORT_ERR, PORT_ACTIVE, LID/GID/SM changes) make the "
         "sysfs driver re-read that HCA's ports at once (linkguard.drivers.verbs_events); auto: "
-        "with the sysfs driver when sysfs_root has devices and pyverbs loads; off: polling only",
+        "with the sysfs driver when sysfs_root has devices and pyverbs loads; off: polling only; "
+        "on/true/yes mean auto, false/no mean off (YAML or LINKGUARD_VERBS_EVENTS alike)",
     )
 
     @field_validator("verbs_events", mode="before")
     @classmethod
-    def _yaml_off(cls, v: object) -> object:
-        # YAML 1.1 reads a bare `off` as false (and `on` as true)
-        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
+    def _on_off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare on/off/yes/no as a bool, the environment gives the word: both
+        # paths take the same words (any case) and give the same value
+        if isinstance(v, bool):
+            return "auto" if v else "off"
+        if isinstance(v, str):
+            word = v.strip().lower()
+            if word in _VERBS_EVENTS_WORDS:
+                return _VERBS_EVENTS_WORDS[word]
+        raise ValueError(
+            f"{v!r}: expected auto or off (on, true, yes mean auto; false, no mean off)"
+        )
 
     verbs_python: Path = Field(
         Path("/usr/bin/python3"),
@@ -966,21 +983,126 @@ class ServiceSettings(_Base):
     )
 
 
-#: Environment variables with the LINKGUARD_ prefix that are not settings (test switches).
-_NOT_SETTINGS = {"LINKGUARD_REQUIRE_REAL", "LINKGUARD_FIXTURES", "LINKGUARD_E2E_BROKER"}
+#: Environment variables with the LINKGUARD_ prefix that are not settings: the test and CI
+#: switches (tests/support.py, tests/conftest.py, tests/e2e/conftest.py, tests/test_dashboard.py,
+#: fuzz/run.py) and what the agent gives its hooks (linkguard.agent.hooks), so that a hook may
+#: run ``linkguard nccl env`` or ``linkguard rails follow``.
+_NOT_SETTINGS = frozenset(
+    {
+        "LINKGUARD_REQUIRE_REAL",
+        "LINKGUARD_FIXTURES",
+        "LINKGUARD_E2E_BROKER",
+        "LINKGUARD_ARTIFACTS",
+        "LINKGUARD_CHROMIUM",
+        "LINKGUARD_HOOK",
+        "LINKGUARD_HOOK_ATTEMPT",
+    }
+)
 
 
-def _unknown_env(cls: type[BaseSettings]) -> list[str]:
-    """LINKGUARD_* variables that name no setting of the agent or the service (typos)."""
-    known = set(AgentSettings.model_fields) | set(ServiceSettings.model_fields)
-    bad = []
+def _section_models(annotation: object) -> list[type[BaseModel]] | None:
+    """The settings sections an annotation nests (``X``, ``X | None``, ``X | Y``), or None when
+    it is anything else (a value, a list, a dict: any deeper name is left to pydantic)."""
+    import types
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models: list[type[BaseModel]] = []
+        for arg in typing.get_args(annotation):
+            if arg is type(None):
+                continue
+            sub = _section_models(arg)
+            if sub is None:
+                return None
+            models += sub
+        return models or None
+    return None
+
+
+def _names_setting(model: type[BaseModel], path: list[str]) -> bool:
+    """Whether ``path`` (an environment name split at ``__``, lower case) names a setting of
+    ``model`` or a value inside one (a dict's key)."""
+    fields = model.model_fields
+    if not path or path[0] not in fields:
+        return False
+    sections = _section_models(fields[path[0]].annotation)
+    if len(path) == 1 or sections is None:
+        return True
+    return any(_names_setting(m, path[1:]) for m in sections)
+
+
+def _env_names(cls: type[BaseSettings]) -> tuple[list[str], list[str], list[str]]:
+    """The ``LINKGUARD_*`` variables (outside ``_NOT_SETTINGS``) that ``cls`` (AgentSettings
+    or ServiceSettings) does not read, sorted, as ``(typos, other_role, unknown_other)``:
+    ``typos`` name no setting of either role and are not in the other role's sections either
+    (at the top level, or inside a section of ``cls``); ``other_role`` name a setting of the
+    other role only; ``unknown_other`` lie in a section only the other role has but name none
+    of its settings (the other role refuses them)."""
+    other = ServiceSettings if issubclass(cls, AgentSettings) else AgentSettings
+    typos, other_role, unknown_other = [], [], []
     for name in os.environ:
         if not name.startswith("LINKGUARD_") or name in _NOT_SETTINGS:
             continue
-        field = name.removeprefix("LINKGUARD_").split("__", 1)[0].lower()
-        if field not in known:
-            bad.append(name)
-    return sorted(bad)
+        path = name.removeprefix("LINKGUARD_").lower().split("__")
+        if _names_setting(cls, path):
+            continue
+        if _names_setting(other, path):
+            other_role.append(name)
+        elif path[0] in other.model_fields and path[0] not in cls.model_fields:
+            unknown_other.append(name)
+        else:
+            typos.append(name)
+    return sorted(typos), sorted(other_role), sorted(unknown_other)
+
+
+def _log_env_names(settings: _Base, other_role: list[str], unknown_other: list[str]) -> None:
+    """Log, once per load, the ``LINKGUARD_*`` variables these settings ignore: warning
+    ``unknown_env_setting`` for names no role has, info ``env_setting_of_other_role`` for the
+    other role's. Before ``configure_logging`` (the CLI loads the settings first) the events
+    go to stderr in the settings' own log format and level, never to stdout (which may carry
+    a command's output)."""
+    import sys
+
+    import structlog
+
+    if not (other_role or unknown_other):
+        return
+    role, other = (
+        ("agent", "service") if isinstance(settings, AgentSettings) else ("service", "agent")
+    )
+    if structlog.is_configured():
+        log = structlog.get_logger(__name__)
+    else:
+        renderer = (
+            structlog.processors.JSONRenderer()
+            if settings.log_format == "json"
+            else structlog.dev.ConsoleRenderer(colors=False)
+        )
+        log = structlog.wrap_logger(
+            structlog.PrintLogger(sys.stderr),
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                renderer,
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(settings.log_level.upper()),
+        )
+    if unknown_other:
+        log.warning(
+            "unknown_env_setting",
+            role=role,
+            variables=unknown_other,
+            note="named no setting of the agent or the service; ignored",
+        )
+    if other_role:
+        log.info(
+            "env_setting_of_other_role",
+            role=role,
+            variables=other_role,
+            note=f"settings of the {other}; ignored by the {role}",
+        )
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -1032,11 +1154,17 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     """Build settings from ``path`` (YAML), the environment and ``overrides``.
 
     Raises :class:`ConfigError` for a missing/unreadable file, bad YAML, a bad value, or a
-    ``LINKGUARD_*`` environment variable that names no setting.
+    ``LINKGUARD_*`` environment variable that names no setting of either role (a typo). The
+    other role's variables (an environment shared by both) are logged at info and ignored; a
+    variable inside a section only the other role has that names none of its settings is
+    logged as a warning (``unknown_env_setting``) and ignored: the other role refuses it.
     """
-    unknown = _unknown_env(cls)
-    if unknown:
-        raise ConfigError(f"unknown setting(s) in the environment: {', '.join(unknown)}")
+    typos, other_role, unknown_other = _env_names(cls)
+    if typos:
+        raise ConfigError(
+            f"unknown setting(s) in the environment: {', '.join(typos)} (no setting of the "
+            "agent or the service has this name; `__` enters a section: LINKGUARD_BUS__PORT)"
+        )
     target: type[S] = cls
     if path is not None:
         _load_yaml(path)
@@ -1047,7 +1175,7 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
         _FromFile.__name__ = cls.__name__
         target = _FromFile
     try:
-        return target(**overrides)
+        settings = target(**overrides)
     except ValidationError as exc:
         where = (
             f" (from {path}, LINKGUARD_* variables or options)"
@@ -1063,3 +1191,5 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
                 """LINKGUARD_ENDPOINTS='["10.200.3.1","10.200.3.2"]'"""
             ) from None
         raise ConfigError(f"cannot read config {path}: {exc}") from None
+    _log_env_names(settings, other_role, unknown_other)
+    return settings

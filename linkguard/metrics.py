@@ -612,6 +612,17 @@ class ServiceMetrics:
         )
         for sev, n in sorted(self.audit.items()):
             audit.add_metric([sev], n)
+        verdicts = GaugeMetricFamily(
+            "linkguard_probe_verdicts",
+            "Per-rail probe verdicts in force, by kind (port: raised, its rail drained for its "
+            "host; leaf: raised, logged only; inconclusive: thin evidence, never acted on)",
+            labels=["kind"],
+        )
+        loc = svc.localizer  # raised verdicts; the inconclusive ones of the last localisation
+        by_kind = Counter(a.kind for a in loc.active.values()) if loc is not None else Counter()
+        by_kind["inconclusive"] = len(svc.probe_inconclusive)
+        for kind in ("port", "leaf", "inconclusive"):
+            verdicts.add_metric([kind], by_kind[kind])
         info = GaugeMetricFamily(
             "linkguard_build_info",
             "Always 1; the labels say the linkguard version, the role and the fabric's name",
@@ -668,6 +679,7 @@ class ServiceMetrics:
                 dict(svc.dropped),
             ),
             audit,
+            verdicts,
             GaugeMetricFamily(
                 "linkguard_change_stream_clients",
                 "Clients reading the change stream (HTTP API /api/v1/stream) now",

@@ -277,3 +277,92 @@ async def test_aggregate_cells_and_drill_down(tmp_path: Path) -> None:
         service.stop()
         tasks[1].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+#: style.css --probe (a port drained by a probe verdict)
+MAGENTA = "rgb(194, 24, 91)"
+
+
+async def test_a_probe_drained_port_is_drawn_apart_and_back(tmp_path: Path) -> None:
+    """8 hosts, probes on: a port that loses every probe is drained by a probe verdict; its
+    link turns dashed magenta (its own state stays up) live, and again after a reload (from
+    api/v1/ports); the legend counts it, the host view says so; once the verdict clears the
+    link is plain green again."""
+    require_browser()
+    from tests.topology.test_probe_service import (
+        FABRIC,
+        PROBES,
+        VICTIM,
+        _publish_until,
+        _running,
+        _targets,
+    )
+
+    settings = ServiceSettings(
+        startup_settle_s=0, api=ApiSettings(enabled=True, port=0), probes=PROBES
+    )
+    hca = next(h for h in FABRIC.host(VICTIM.host).hcas if h.rail == VICTIM.rail)
+    link = f"link-{VICTIM.host}-{hca.hca}-{hca.port}"
+    port_cell = f"port-{VICTIM.host}-{hca.hca}-{hca.port}"
+    async with _running(settings) as (service, agents), chromium() as browser:
+        for inv in FABRIC.hosts:
+            for h in inv.hcas:
+                st = port_state(FABRIC, inv.host, h.rail, PortStatus.UP, seq=1)
+                await agents.publish(topics.port_state(inv.host, h.hca, h.port), encode(st))
+        await until(lambda: len(_targets(agents)) == len(FABRIC.hosts), "probe targets")
+        targets = _targets(agents)
+        page = await open_dashboard(browser, await api_url(service))
+        await page.wait_for_function(
+            f"document.getElementById('{link}').dataset.shown === 'up'", timeout=5000
+        )
+        assert await page.get_attribute(f"#{link}", "data-drained") is None
+        assert await page.inner_text("#count-probe-drained") == "0"
+
+        await _publish_until(
+            agents,
+            targets,
+            lambda a, b: VICTIM in (a, b),
+            lambda: service.state.probe_suspect,
+            "the probe verdict",
+        )
+        drained = f"document.getElementById('{link}').dataset.drained === 'probe'"
+        await page.wait_for_function(drained, timeout=2000)
+        assert await page.get_attribute(f"#{link}", "data-shown") == "up"
+        style = "e => [getComputedStyle(e).stroke, getComputedStyle(e).strokeDasharray]"
+        assert await page.eval_on_selector(f"#{link}", style) == [MAGENTA, "3px, 2px"]
+        assert await page.eval_on_selector(f"#{port_cell}", "e => getComputedStyle(e).fill") == (
+            MAGENTA
+        )
+        await page.wait_for_function(
+            "document.getElementById('count-probe-drained').textContent === '1'", timeout=2000
+        )
+        await page.click(f"#{port_cell}")
+        badge = f"#host-hcas tr[data-hca='{hca.hca}'][data-drained='probe'] .badge[data-drained]"
+        assert await (await page.wait_for_selector(badge)).inner_text() == "drained by probes"
+        await page.wait_for_selector("#timeline li[data-kind='health'][data-host='gpu003']")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "dashboard-probe-drained.png"), full_page=True)
+
+        await page.reload()  # from api/v1/ports now
+        await page.wait_for_function(
+            "document.body.dataset.rendered && document.body.dataset.stream === 'open'",
+            timeout=20_000,
+        )
+        await page.wait_for_function(drained, timeout=2000)
+        assert await page.inner_text("#count-probe-drained") == "1"
+
+        await _publish_until(
+            agents,
+            targets,
+            lambda a, b: False,
+            lambda: not service.state.probe_suspect,
+            "the verdict to clear",
+        )
+        await page.wait_for_function(
+            f"document.getElementById('{link}').dataset.drained === undefined", timeout=2000
+        )
+        assert await page.eval_on_selector(f"#{link}", style) == [GREEN, "none"]
+        await page.wait_for_function(
+            "document.getElementById('count-probe-drained').textContent === '0'", timeout=2000
+        )
+        assert page.errors == []

@@ -88,3 +88,264 @@ async def test_a_probe_responder_can_be_rebound_at_once() -> None:
     for _ in range(3):
         async with ProbeResponder("127.0.0.1", port) as r:
             assert r._proto is not None and r._proto.transport is not None
+
+
+# -- verbs_events: the YAML file and the environment take the same words -------------------------
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [
+        ("auto", "auto"),
+        ("on", "auto"),
+        ("On", "auto"),
+        ("true", "auto"),
+        ("yes", "auto"),
+        ("off", "off"),
+        ("OFF", "off"),
+        ("false", "off"),
+        ("no", "off"),
+    ],
+)
+def test_verbs_events_means_the_same_in_yaml_and_env(
+    word: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """YAML 1.1 reads a bare on/off/yes/no as a bool, the environment gives the word."""
+    from_yaml = load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n"))
+    monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", word)
+    from_env = load_settings(AgentSettings)
+    assert from_yaml.verbs_events == from_env.verbs_events == value
+
+
+@pytest.mark.parametrize("word", ["1", "maybe", "'on '"])
+def test_verbs_events_refuses_the_same_words_in_yaml_and_env(
+    word: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = r"verbs_events: .*expected auto or off \(on, true, yes mean auto"
+    if word != "'on '":  # a quoted 'on ' with its space is a plain word in YAML
+        with pytest.raises(ConfigError, match=message):
+            load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n"))
+        monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", word)
+        with pytest.raises(ConfigError, match=message):
+            load_settings(AgentSettings)
+    else:  # surrounding spaces are not a different word, in either
+        assert (
+            load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n")).verbs_events
+            == "auto"
+        )
+        monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", "on ")
+        assert load_settings(AgentSettings).verbs_events == "auto"
+
+
+# -- counter_health thresholds: degrade alone, clear alone -----------------------------------------
+
+
+def _threshold(tmp_path: Path, counter: str, override: str) -> tuple[int, int]:
+    cfg = _yaml(tmp_path, f"counter_health: {{thresholds: {{{counter}: {override}}}}}\n")
+    t = load_settings(AgentSettings, cfg).counter_health.thresholds[counter]
+    return t.degrade, t.clear
+
+
+@pytest.mark.parametrize(
+    ("counter", "override", "expected"),
+    [
+        ("symbol_error", "{degrade: 50}", (50, 10)),  # the default clear (10) is below 50
+        ("symbol_error", "{degrade: 1000}", (1000, 10)),
+        ("symbol_error", "{degrade: 10}", (10, 1)),  # default clear 10 is not below: 10 // 10
+        ("symbol_error", "{degrade: 5}", (5, 0)),
+        ("link_downed", "{degrade: 6}", (6, 0)),
+        ("symbol_error", "{clear: 50}", (100, 50)),  # the default degrade
+        ("link_error_recovery", "{clear: 2}", (3, 2)),
+        ("symbol_error", "{degrade: 40, clear: 20}", (40, 20)),
+    ],
+)
+def test_a_threshold_override_may_give_one_of_degrade_and_clear(
+    counter: str, override: str, expected: tuple[int, int], tmp_path: Path
+) -> None:
+    assert _threshold(tmp_path, counter, override) == expected
+    others = load_settings(
+        AgentSettings,
+        _yaml(tmp_path, f"counter_health: {{thresholds: {{{counter}: {override}}}}}\n"),
+    ).counter_health.thresholds
+    assert others["port_rcv_errors"].degrade == 100 and others["port_rcv_errors"].clear == 10
+
+
+@pytest.mark.parametrize(
+    ("counter", "override", "message"),
+    [
+        (
+            "symbol_error",
+            "{clear: 100}",
+            r"thresholds\.symbol_error: clear \(100\) must be below degrade \(100, the default "
+            r"degrade\)",
+        ),
+        (
+            "link_downed",
+            "{degrade: 4, clear: 4}",
+            r"thresholds\.link_downed: clear \(4\) must be below degrade \(4\)",
+        ),
+        ("rx_crc_errors_phy", "{}", r"thresholds\.rx_crc_errors_phy: give degrade, clear or both"),
+        ("symbol_error", "{degrade: 0}", r"thresholds\.symbol_error\.degrade: .*greater than"),
+    ],
+)
+def test_a_bad_threshold_override_names_the_counter(
+    counter: str, override: str, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _threshold(tmp_path, counter, override)
+
+
+def test_a_degrade_alone_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__DEGRADE", "50")
+    t = load_settings(AgentSettings).counter_health.thresholds["symbol_error"]
+    assert (t.degrade, t.clear) == (50, 10)
+    monkeypatch.delenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__DEGRADE")
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__CLEAR", "100")
+    with pytest.raises(ConfigError, match=r"symbol_error: clear \(100\) must be below degrade"):
+        load_settings(AgentSettings)
+
+
+def _readings(policy: object, values: list[int]) -> bool:
+    """Whether a port reading ``symbol_error`` = ``values``, one a second, ends degraded (the
+    first two readings are 0: baselines)."""
+    from linkguard.agent.health import CounterHealth
+
+    h = CounterHealth(policy)  # type: ignore[arg-type]
+    verdict = None
+    for t, v in enumerate([0, 0, *values]):
+        verdict = h.observe("mlx5_0/1", {"symbol_error": v}, frozenset(), usable=True, now=t)
+    assert verdict is not None
+    return verdict.degraded
+
+
+def test_a_degrade_alone_drains_at_that_count() -> None:
+    from linkguard.agent.health import CounterHealthPolicy
+
+    policy = CounterHealthPolicy(thresholds={"symbol_error": {"degrade": 50}})
+    assert not _readings(policy, [49])
+    assert _readings(policy, [49, 50])
+
+
+def test_counter_health_enabled_false_never_drains(tmp_path: Path) -> None:
+    assert AgentSettings().counter_health.enabled is True  # the default
+    assert _readings(AgentSettings().counter_health, [10_000])
+    s = load_settings(AgentSettings, _yaml(tmp_path, "counter_health: {enabled: false}\n"))
+    assert not _readings(s.counter_health, [10_000])
+
+
+# -- LINKGUARD_* variables this role does not read ---------------------------------------------
+
+
+def test_the_other_roles_variables_are_logged_and_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from structlog.testing import capture_logs
+
+    monkeypatch.setenv("LINKGUARD_LEDGER__PATH", "/var/lib/linkguard/ledger.sqlite")
+    monkeypatch.setenv("LINKGUARD_DEBOUNCE_MS", "50")
+    with capture_logs() as logs:
+        s = load_settings(AgentSettings)
+    assert s.host  # it started
+    assert logs == [
+        {
+            "event": "env_setting_of_other_role",
+            "log_level": "info",
+            "role": "agent",
+            # conftest.py sets LINKGUARD_API__ENABLED for every test: a service setting too
+            "variables": [
+                "LINKGUARD_API__ENABLED",
+                "LINKGUARD_DEBOUNCE_MS",
+                "LINKGUARD_LEDGER__PATH",
+            ],
+            "note": "settings of the service; ignored by the agent",
+        }
+    ]
+    monkeypatch.setenv("LINKGUARD_POLL_INTERVAL_MS", "50")
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__WINDOW_S", "30")
+    with capture_logs() as logs:
+        load_settings(ServiceSettings)
+    assert [(e["event"], e["role"], e["variables"]) for e in logs] == [
+        (
+            "env_setting_of_other_role",
+            "service",
+            ["LINKGUARD_COUNTER_HEALTH__WINDOW_S", "LINKGUARD_POLL_INTERVAL_MS"],
+        )
+    ]
+
+
+def test_a_name_in_the_other_roles_section_that_no_role_has_is_a_warning_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent warns and starts (the environment may be shared); the service, whose section
+    it is, refuses it."""
+    from structlog.testing import capture_logs
+
+    monkeypatch.delenv("LINKGUARD_API__ENABLED")
+    monkeypatch.setenv("LINKGUARD_LEDGER__PAHT", "/x")
+    monkeypatch.setenv("LINKGUARD_API__PROT", "1")
+    with capture_logs() as logs:
+        load_settings(AgentSettings)
+    assert logs == [
+        {
+            "event": "unknown_env_setting",
+            "log_level": "warning",
+            "role": "agent",
+            "variables": ["LINKGUARD_API__PROT", "LINKGUARD_LEDGER__PAHT"],
+            "note": "named no setting of the agent or the service; ignored",
+        }
+    ]
+    with pytest.raises(ConfigError, match="LINKGUARD_API__PROT, LINKGUARD_LEDGER__PAHT"):
+        load_settings(ServiceSettings)
+
+
+def test_a_typo_in_a_section_of_this_role_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LINKGUARD_BUS__PROT", "1884")
+    for cls in (AgentSettings, ServiceSettings):
+        with pytest.raises(ConfigError, match=r"unknown setting\(s\) .*LINKGUARD_BUS__PROT"):
+            load_settings(cls)
+
+
+def test_test_switches_and_hook_variables_are_not_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every non-setting LINKGUARD_ variable of the repository (CI, tests, hooks) loads
+    silently; dict keys and optional sections deeper down are settings."""
+    from structlog.testing import capture_logs
+
+    monkeypatch.delenv("LINKGUARD_API__ENABLED")
+    from linkguard.config import _NOT_SETTINGS
+
+    assert {"LINKGUARD_REQUIRE_REAL", "LINKGUARD_HOOK", "LINKGUARD_ARTIFACTS"} <= _NOT_SETTINGS
+    for name in _NOT_SETTINGS:
+        monkeypatch.setenv(name, "1")
+    with capture_logs() as logs:
+        load_settings(AgentSettings)
+        monkeypatch.setenv("LINKGUARD_LEADER__ETCD__TTL_S", "5")
+        monkeypatch.setenv("LINKGUARD_LEADER__ETCD__ENDPOINTS", '["etcd1:2379"]')
+        assert load_settings(ServiceSettings).leader.etcd.ttl_s == 5  # type: ignore[union-attr]
+    assert [e for e in logs if e["event"] != "env_setting_of_other_role"] == []
+
+
+def test_before_logging_is_configured_the_events_go_to_stderr_in_the_settings_format(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI loads the settings before configure_logging; stdout may carry a command's
+    output (``linkguard nccl env``)."""
+    import json
+
+    monkeypatch.setenv("LINKGUARD_LEDGER__PAHT", "/x")
+    load_settings(AgentSettings)
+    out, err = capsys.readouterr()
+    assert out == ""
+    events = [json.loads(line) for line in err.splitlines()]
+    assert [(e["event"], e["level"], e["variables"]) for e in events] == [
+        ("unknown_env_setting", "warning", ["LINKGUARD_LEDGER__PAHT"]),
+        ("env_setting_of_other_role", "info", ["LINKGUARD_API__ENABLED"]),
+    ]
+    monkeypatch.setenv("LINKGUARD_LOG_LEVEL", "warning")
+    load_settings(AgentSettings)
+    assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == [
+        "unknown_env_setting"
+    ]

@@ -52,7 +52,7 @@ from linkguard.topology.changes import KINDS, Change
 if TYPE_CHECKING:
     from linkguard.topology.service import TopologyService
 
-__all__ = ["SHOWN", "ApiBindError", "ApiServer", "create_app", "shown"]
+__all__ = ["DRAINED_BY", "SHOWN", "ApiBindError", "ApiServer", "create_app", "drained_by", "shown"]
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +70,24 @@ assert get_args(Kind) == KINDS, "topology.changes.KINDS changed: update Kind"
 Shown = Literal["up", "down", "held_down", "suppressed", "degraded", "unknown"]
 #: the states the dashboard colours a port by, in this order (see :func:`shown`)
 SHOWN: tuple[str, ...] = get_args(Shown)
+DrainedBy = Literal["probe", "agent"]
+#: why the service keeps a port's traffic off it while the port may be up (see
+#: :func:`drained_by`), in this order
+DRAINED_BY: tuple[str, ...] = get_args(DrainedBy)
+ProbeKind = Literal["port", "leaf", "inconclusive"]
+
+
+def drained_by(st: PortState | None, *, probe_suspect: bool) -> str | None:
+    """Why a port whose latest state is ``st`` is drained: ``probe`` when per-rail probes
+    localised it as dropping packets (``probe_suspect``: its (host, rail) is in
+    :attr:`FabricState.probe_suspect <linkguard.topology.state.FabricState.probe_suspect>`),
+    else ``agent`` when its agent drained it (status ``degraded``: error counters over a
+    threshold, or back slower; ``reason`` says which), else None."""
+    if probe_suspect:
+        return "probe"
+    if st is not None and st.status == PortStatus.DEGRADED:
+        return "agent"
+    return None
 
 
 def shown(st: PortState | None, link_rate_gbps: float | None = None) -> str:
@@ -182,31 +200,42 @@ class Counts(BaseModel):
     unknown: int = 0
 
 
+class Drained(BaseModel):
+    probe: int = Field(0, description="ports drained by a probe verdict")
+    agent: int = Field(0, description="ports their agent drained (status degraded)")
+
+
 class Cell(BaseModel):
     su: int | None
     rail: int
     leaf: str | None
     hosts: int = Field(description="hosts with a port in this cell")
     counts: Counts = Field(description="ports by what the dashboard shows")
+    drained: Drained = Field(description="ports by drained_by (see the ports view)")
 
 
 class SummaryDoc(BaseModel):
     epoch: int = Field(description="the last plan epoch issued")
     hosts: int
     online: int = Field(description="hosts whose agent says it is online")
+    routed_around: list[str] = Field(description="hosts routed around (their last will)")
+    drained: Drained = Field(description="ports by drained_by, the whole fabric")
     cells: list[Cell] = Field(description="one per (SU, rail, leaf)")
 
 
 class PortsPage(BaseModel):
     total: int = Field(description="ports matching the filters")
     ports: list[dict[str, Any]] = Field(
-        description="PortState JSON plus shown, su and leaf; a port without a state yet has "
-        "its fabric fields, status unknown and observed_at null"
+        description="PortState JSON plus shown, drained_by, su and leaf; a port without a "
+        "state yet has its fabric fields, status unknown and observed_at null"
     )
 
 
 class HcaView(HcaRef):
     shown: Shown
+    drained_by: DrainedBy | None = Field(
+        description="probe: a probe verdict drains it; agent: its agent did (status degraded)"
+    )
     state: dict[str, Any] | None = Field(description="its latest PortState JSON")
 
 
@@ -243,6 +272,32 @@ class PlansPage(BaseModel):
     epoch: int
     total: int
     plans: list[PlanRow]
+
+
+class ProbeVerdictRow(BaseModel):
+    kind: ProbeKind = Field(description="port, leaf (both raised), inconclusive (not acted on)")
+    subject: str = Field(description="host/rail<r> or a leaf's name")
+    host: str | None
+    rail: int | None
+    hca: str | None
+    port: int | None
+    leaf: str | None
+    su: int | None
+    since: float = Field(description="raised (inconclusive: first seen so), Unix time (s)")
+    age_s: float = Field(description="seconds since then")
+    witnesses: int = Field(description="evidence: a port's pairs, a leaf's ports with pairs")
+    lossy: int = Field(description="of those, the ones that lose (a leaf's: dark ports)")
+    seen_as: list[str] = Field(description="a port verdict's rules: target, prober")
+    clearing: bool = Field(description="loss has been low since clearing_since")
+    clearing_since: float | None = Field(description="Unix time (s)")
+    drained: bool = Field(description="a port verdict whose rail its host's plans avoid")
+    reason: str = Field(description="why an inconclusive verdict is not acted on")
+
+
+class ProbeVerdictsDoc(BaseModel):
+    enabled: bool = Field(description="probes.enabled of the service")
+    counts: dict[ProbeKind, int] = Field(description="verdicts by kind (all kinds)")
+    verdicts: list[ProbeVerdictRow] = Field(description="port, leaf, inconclusive; by subject")
 
 
 class EventRow(BaseModel):
@@ -344,7 +399,7 @@ def _hca_ref(p: _Port) -> dict[str, Any]:
     return {"hca": p.hca, "port": p.port, "rail": p.rail, "leaf": p.leaf, "netdev": p.netdev}
 
 
-def _port_view(p: _Port, st: PortState | None) -> dict[str, Any]:
+def _port_view(p: _Port, st: PortState | None, *, probe_suspect: bool) -> dict[str, Any]:
     if st is None:
         doc: dict[str, Any] = {
             "host": p.host,
@@ -359,7 +414,12 @@ def _port_view(p: _Port, st: PortState | None) -> dict[str, Any]:
         }
     else:
         doc = st.model_dump(mode="json")
-    doc.update(shown=shown(st, p.rate_gbps), su=p.su, leaf=p.leaf)
+    doc.update(
+        shown=shown(st, p.rate_gbps),
+        drained_by=drained_by(st, probe_suspect=probe_suspect),
+        su=p.su,
+        leaf=p.leaf,
+    )
     return doc
 
 
@@ -376,7 +436,8 @@ def _event_row(change: Change, places: dict[tuple[str, str], _Port]) -> dict[str
         "hca": hca,
         "port": port,
         "rail": d.get("rail"),
-        "leaf": place.leaf if place else None,
+        # a leaf's own events (a probe verdict on a leaf) name it
+        "leaf": place.leaf if place else d.get("leaf") if isinstance(d.get("leaf"), str) else None,
         "su": place.su if place else None,
         "data": d,
     }
@@ -476,14 +537,25 @@ def create_app(service: "TopologyService") -> FastAPI:
     async def summary() -> JSONResponse:
         """Port counts by what the dashboard shows, per (SU, rail, leaf): the view of a big
         fabric before drilling down."""
-        states = service.state.ports
-        cells: dict[tuple[int | None, int, str | None], tuple[set[str], dict[str, int]]] = {}
+        states, suspect = service.state.ports, service.state.probe_suspect
+        Counted = tuple[set[str], dict[str, int], dict[str, int]]
+        cells: dict[tuple[int | None, int, str | None], Counted] = {}
+        drained = dict.fromkeys(DRAINED_BY, 0)
         for p in index.ports:
             cell = cells.get((p.su, p.rail, p.leaf))
             if cell is None:
-                cell = cells[(p.su, p.rail, p.leaf)] = (set(), dict.fromkeys(SHOWN, 0))
+                cell = cells[(p.su, p.rail, p.leaf)] = (
+                    set(),
+                    dict.fromkeys(SHOWN, 0),
+                    dict.fromkeys(DRAINED_BY, 0),
+                )
             cell[0].add(p.host)
-            cell[1][shown(states.get((p.host, p.key)), p.rate_gbps)] += 1
+            st = states.get((p.host, p.key))
+            cell[1][shown(st, p.rate_gbps)] += 1
+            by = drained_by(st, probe_suspect=(p.host, p.rail) in suspect)
+            if by is not None:
+                cell[2][by] += 1
+                drained[by] += 1
         order = sorted(cells, key=lambda k: (k[0] is None, k[0] or 0, k[1], k[2] or ""))
         online = service.state.online
         return JSONResponse(
@@ -492,6 +564,7 @@ def create_app(service: "TopologyService") -> FastAPI:
                 "hosts": len(index.by_host),
                 "online": sum(1 for h in index.by_host if online.get(h)),
                 "routed_around": sorted(service.state.away),
+                "drained": drained,
                 "cells": [
                     {
                         "su": k[0],
@@ -499,6 +572,7 @@ def create_app(service: "TopologyService") -> FastAPI:
                         "leaf": k[2],
                         "hosts": len(cells[k][0]),
                         "counts": cells[k][1],
+                        "drained": cells[k][2],
                     }
                     for k in order
                 ],
@@ -518,12 +592,17 @@ def create_app(service: "TopologyService") -> FastAPI:
         shown_: Annotated[
             Shown | None, Query(alias="shown", description="only ports shown so")
         ] = None,
+        drained_by_: Annotated[
+            DrainedBy | None, Query(alias="drained_by", description="only ports drained so")
+        ] = None,
         limit: LimitQ = 100,
         offset: OffsetQ = 0,
     ) -> JSONResponse:
-        """Port states in fabric order (host, then HCA), filtered, one page."""
+        """Port states in fabric order (host, then HCA), filtered, one page. ``drained_by``:
+        ``probe`` (a probe verdict drains the port), ``agent`` (its agent did: status
+        ``degraded``) or null."""
         candidates = known_host(host) if host is not None else index.ports
-        states = service.state.ports
+        states, suspect = service.state.ports, service.state.probe_suspect
         rows = []
         for p in candidates:
             if (rail is not None and p.rail != rail) or (su is not None and p.su != su):
@@ -531,9 +610,17 @@ def create_app(service: "TopologyService") -> FastAPI:
             st = states.get((p.host, p.key))
             if shown_ is not None and shown(st, p.rate_gbps) != shown_:
                 continue
-            rows.append((p, st))
+            probed = (p.host, p.rail) in suspect
+            if drained_by_ is not None and drained_by(st, probe_suspect=probed) != drained_by_:
+                continue
+            rows.append((p, st, probed))
         page = rows[offset : offset + limit]
-        return JSONResponse({"total": len(rows), "ports": [_port_view(p, st) for p, st in page]})
+        return JSONResponse(
+            {
+                "total": len(rows),
+                "ports": [_port_view(p, st, probe_suspect=pr) for p, st, pr in page],
+            }
+        )
 
     @app.get(
         "/api/v1/hosts/{host}",
@@ -548,10 +635,12 @@ def create_app(service: "TopologyService") -> FastAPI:
         views = []
         for p in hcas:
             st = state.ports.get((host, p.key))
+            probed = (host, p.rail) in state.probe_suspect
             views.append(
                 {
                     **_hca_ref(p),
                     "shown": shown(st, p.rate_gbps),
+                    "drained_by": drained_by(st, probe_suspect=probed),
                     "state": st.model_dump(mode="json") if st is not None else None,
                 }
             )
@@ -608,6 +697,41 @@ def create_app(service: "TopologyService") -> FastAPI:
         if host not in service.state.published:
             raise HTTPException(404, f"host {host!r} has no plan yet")
         return JSONResponse(service.state.plans[host].model_dump(mode="json"))
+
+    # -- probes ----------------------------------------------------------------------------------
+
+    @app.get("/api/v1/probes/verdicts", response_model=ProbeVerdictsDoc, tags=["probes"])
+    async def probe_verdicts(
+        kind: Annotated[ProbeKind | None, Query(description="only this kind")] = None,
+        host: HostQ = None,
+    ) -> JSONResponse:
+        """The per-rail probe verdicts in force: raised ``port`` verdicts (their rail drained
+        for their host), raised ``leaf`` verdicts (logged only: switch-level faults are the
+        operator's ``fabric/faults``) and the ``inconclusive`` ones of the last localisation
+        (never acted on), with where, since when and their evidence counts
+        (:meth:`~linkguard.topology.service.TopologyService.probe_verdicts`). ``counts`` is
+        over all verdicts, whatever the filters; empty with probes off. 404 for an unknown
+        ``host``."""
+        if host is not None:
+            known_host(host)
+        rows = service.probe_verdicts()
+        counts = dict.fromkeys(get_args(ProbeKind), 0)
+        for r in rows:
+            counts[str(r["kind"])] += 1
+        shown_rows = [
+            r
+            for r in rows
+            if (kind is None or r["kind"] == kind) and (host is None or r["host"] == host)
+        ]
+        return JSONResponse(
+            _finite(
+                {
+                    "enabled": service.settings.probes.enabled,
+                    "counts": counts,
+                    "verdicts": shown_rows,
+                }
+            )
+        )
 
     # -- events, audit, health, report -----------------------------------------------------------
 

@@ -27,6 +27,7 @@ loss ratio (lost / sent over its fresh pairs) has stayed below ``loss_clear`` fo
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -107,6 +108,22 @@ class _Active:
 
 
 @dataclass
+class _Window:
+    """One update's fresh results, latest per pair: ports numbered 0..n-1 in order of first
+    appearance (``number`` by (host, rail), ``ports``, ``leaf``), and per pair (parallel lists,
+    in order of first appearance) its ends' numbers, probes sent and lost, and whether lossy."""
+
+    number: dict[tuple[str, int], int]
+    ports: list[PortId]
+    leaf: list[str]
+    prober: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    lossy: list[bool] = field(default_factory=list)
+
+
+@dataclass
 class Localizer:
     """Holds raised verdicts between updates (the hysteresis); everything else is recomputed
     from the results given to :meth:`update`."""
@@ -117,65 +134,89 @@ class Localizer:
 
     def update(self, results: Iterable[PairResult], now: float) -> list[Verdict]:
         """Verdicts at ``now`` (module docstring); ``results`` is the latest window per pair
-        (a later result for the same pair replaces an earlier one)."""
-        s = self.settings
-        latest: dict[tuple[PortId, PortId], PairResult] = {}
-        for r in results:
-            if r.sent < s.min_samples or now - r.window_end > s.max_age_s or r.window_end > now:
-                continue
-            key = (r.prober, r.target)
-            if key not in latest or latest[key].window_end < r.window_end:
-                latest[key] = r
-        pairs = list(latest.values())
-        lossy = {k: r.lost / r.sent >= s.loss_bad for k, r in latest.items()}
+        (a later result for the same pair replaces an earlier one). Ports are told apart by
+        value (host, rail), not by object. Cost: linear in the results (about 65,536 pairs per
+        window at 2,048 hosts x 8 rails, fan-out 4; ``benchmarks/localize.py``)."""
+        w = self._window(results, now)
         found: dict[PortId | str, Verdict] = {}
-        bad_leaves = self._leaves(pairs, lossy, found)
-        kept = [
-            r
-            for r in pairs
-            if self._leaf(r.prober) not in bad_leaves and self._leaf(r.target) not in bad_leaves
-        ]
-        self._ports(kept, lossy, found)
-        return self._hysteresis(pairs, found, now)
+        bad_leaves = self._leaves(w, found)
+        self._ports(w, bad_leaves, found)
+        return self._hysteresis(w, found, now)
 
     def _leaf(self, p: PortId) -> str:
         return self.leaf_of.get(p, f"rail{p.rail}")
 
-    def _leaves(
-        self,
-        pairs: list[PairResult],
-        lossy: dict[tuple[PortId, PortId], bool],
-        found: dict[PortId | str, Verdict],
-    ) -> set[str]:
+    def _window(self, results: Iterable[PairResult], now: float) -> _Window:
+        """The fresh results, latest per pair, as parallel arrays over small port numbers.
+        PortId's hash and == are Python-level calls; numbering each port once keeps them off
+        the per-pair path (they were most of the time at fleet scale)."""
         s = self.settings
-        involved: dict[PortId, list[bool]] = defaultdict(list)
-        outside_lossy: dict[str, set[PortId]] = defaultdict(set)
-        for r in pairs:
-            bad = lossy[(r.prober, r.target)]
-            involved[r.prober].append(bad)
-            involved[r.target].append(bad)
-            if bad and self._leaf(r.prober) != self._leaf(r.target):
-                outside_lossy[self._leaf(r.target)].add(r.prober)
-        ports_by_leaf: dict[str, list[PortId]] = defaultdict(list)
-        for p in involved:
-            ports_by_leaf[self._leaf(p)].append(p)
+        number: dict[tuple[str, int], int] = {}
+        ports: list[PortId] = []
+        latest: dict[tuple[int, int], PairResult] = {}
+        for r in results:
+            if r.sent < s.min_samples or now - r.window_end > s.max_age_s or r.window_end > now:
+                continue
+            p, t = r.prober, r.target
+            a = number.get((p.host, p.rail))
+            if a is None:
+                a = number[(p.host, p.rail)] = len(ports)
+                ports.append(p)
+            b = number.get((t.host, t.rail))
+            if b is None:
+                b = number[(t.host, t.rail)] = len(ports)
+                ports.append(t)
+            prev = latest.get((a, b))
+            if prev is None or prev.window_end < r.window_end:
+                latest[(a, b)] = r
+        kept = list(latest.values())
+        bad = s.loss_bad
+        return _Window(
+            number,
+            ports,
+            [self._leaf(p) for p in ports],
+            prober=[a for a, _ in latest],
+            target=[b for _, b in latest],
+            sent=[r.sent for r in kept],
+            lost=[r.lost for r in kept],
+            lossy=[r.lost / r.sent >= bad for r in kept],
+        )
+
+    def _leaves(self, w: _Window, found: dict[PortId | str, Verdict]) -> set[str]:
+        s = self.settings
+        leaf = w.leaf
+        n = len(w.ports)
+        involved = [0] * n  # pairs a port is part of (either end)
+        dark_pairs = [0] * n  # of those, lossy
+        outside_lossy: dict[str, set[int]] = defaultdict(set)
+        for a, b, bad in zip(w.prober, w.target, w.lossy, strict=True):
+            involved[a] += 1
+            involved[b] += 1
+            if bad:
+                dark_pairs[a] += 1
+                dark_pairs[b] += 1
+                if leaf[a] != leaf[b]:
+                    outside_lossy[leaf[b]].add(a)
+        ports_by_leaf: dict[str, list[int]] = defaultdict(list)
+        for i in range(n):  # ports in order of first appearance
+            ports_by_leaf[leaf[i]].append(i)
         bad_leaves: set[str] = set()
-        for leaf, ports in ports_by_leaf.items():
-            dark = [p for p in ports if sum(involved[p]) >= s.majority * len(involved[p])]
+        for lf, ports in ports_by_leaf.items():
+            dark = [i for i in ports if dark_pairs[i] >= s.majority * involved[i]]
             if len(dark) < 2:
                 continue
-            witnesses = len(outside_lossy[leaf])
+            witnesses = len(outside_lossy[lf])
             if (
                 len(ports) >= s.min_leaf_ports
                 and len(dark) >= s.majority * len(ports)
                 and witnesses >= s.min_probers
             ):
-                bad_leaves.add(leaf)
-                found[leaf] = Verdict("leaf", leaf, "observed", len(ports), len(dark))
+                bad_leaves.add(lf)
+                found[lf] = Verdict("leaf", lf, "observed", len(ports), len(dark))
             else:
-                found[leaf] = Verdict(
+                found[lf] = Verdict(
                     "inconclusive",
-                    leaf,
+                    lf,
                     "observed",
                     len(ports),
                     len(dark),
@@ -185,41 +226,52 @@ class Localizer:
                 )
         return bad_leaves
 
-    def _ports(
-        self,
-        pairs: list[PairResult],
-        lossy: dict[tuple[PortId, PortId], bool],
-        found: dict[PortId | str, Verdict],
-    ) -> None:
+    def _ports(self, w: _Window, bad_leaves: set[str], found: dict[PortId | str, Verdict]) -> None:
         s = self.settings
-        by_prober: dict[PortId, list[PairResult]] = defaultdict(list)
-        by_target: dict[PortId, list[PairResult]] = defaultdict(list)
-        for r in pairs:
-            by_prober[r.prober].append(r)
-            by_target[r.target].append(r)
+        n = len(w.ports)
+        pa, pb, lossy = w.prober, w.target, w.lossy
+        suspects: set[int] = set()
+        for a, b, bad in zip(pa, pb, lossy, strict=True):
+            if bad:
+                suspects.add(a)
+                suspects.add(b)
+        if not suspects:
+            return
+        gone = [lf in bad_leaves for lf in w.leaf]
+        # over the pairs kept (no end behind a bad leaf): per port, pairs and good pairs as
+        # prober and as target; the pairs of each suspect
+        out_n, out_good, in_n, in_good = [0] * n, [0] * n, [0] * n, [0] * n
+        as_prober: dict[int, list[int]] = defaultdict(list)
+        as_target: dict[int, list[int]] = defaultdict(list)
+        for j, (a, b, bad) in enumerate(zip(pa, pb, lossy, strict=True)):
+            if gone[a] or gone[b]:
+                continue
+            out_n[a] += 1
+            in_n[b] += 1
+            if not bad:
+                out_good[a] += 1
+                in_good[b] += 1
+            if a in suspects:
+                as_prober[a].append(j)
+            if b in suspects:
+                as_target[b].append(j)
 
-        def mostly_good(rs: list[PairResult]) -> bool:
-            good = sum(1 for r in rs if not lossy[(r.prober, r.target)])
-            return bool(rs) and good >= s.majority * len(rs)
+        def mostly_good(total: int, good: int, j: int) -> bool:
+            """The side's pairs but pair j (one of them) are mostly good."""
+            rest, rest_good = total - 1, good - (0 if lossy[j] else 1)
+            return rest > 0 and rest_good >= s.majority * rest
 
-        suspects = {p for (a, b), bad in lossy.items() if bad for p in (a, b)}
-        for p in sorted(suspects):
-            if p not in by_prober and p not in by_target:
+        ports = w.ports
+        for i in sorted(suspects, key=lambda i: (ports[i].host, ports[i].rail)):
+            if not out_n[i] and not in_n[i]:
                 continue  # only in pairs of a bad leaf
             # as target: probers that reach their other targets
-            healthy = [
-                r
-                for r in by_target[p]
-                if mostly_good([x for x in by_prober[r.prober] if x.target != p])
-            ]
-            t_lossy = sum(1 for r in healthy if lossy[(r.prober, p)])
+            healthy = [j for j in as_target[i] if mostly_good(out_n[pa[j]], out_good[pa[j]], j)]
+            t_lossy = sum(1 for j in healthy if lossy[j])
             # as prober: targets that their other probers reach
-            reached = [
-                r
-                for r in by_prober[p]
-                if mostly_good([x for x in by_target[r.target] if x.prober != p])
-            ]
-            p_lossy = sum(1 for r in reached if lossy[(p, r.target)])
+            reached = [j for j in as_prober[i] if mostly_good(in_n[pb[j]], in_good[pb[j]], j)]
+            p_lossy = sum(1 for j in reached if lossy[j])
+            p = ports[i]
             seen: list[str] = []
             if len(healthy) >= s.min_probers and t_lossy >= s.majority * len(healthy):
                 seen.append("target")
@@ -246,49 +298,66 @@ class Localizer:
                     f"{s.majority:.0%} losing)",
                 )
 
-    def _loss(self, subject: PortId | str, pairs: list[PairResult]) -> float | None:
-        sent = lost = 0
-        for r in pairs:
-            ends = (r.prober, r.target)
-            hit = (
-                subject in ends
-                if isinstance(subject, PortId)
-                else (subject in (self._leaf(r.prober), self._leaf(r.target)))
-            )
-            if hit:
-                sent += r.sent
-                lost += r.lost
-        return lost / sent if sent else None
+    @staticmethod
+    def _losses(w: _Window) -> tuple[list[list[int]], dict[str, list[int]]]:
+        """[sent, lost] summed over the pairs a port is part of (either end), per port number
+        and per leaf (a pair with both ends behind one leaf counts once)."""
+        per_port = [[0, 0] for _ in w.ports]
+        per_leaf: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        leaf = w.leaf
+        for a, b, sent, lost in zip(w.prober, w.target, w.sent, w.lost, strict=True):
+            for acc in (per_port[a], per_leaf[leaf[a]]):
+                acc[0] += sent
+                acc[1] += lost
+            if b != a:
+                per_port[b][0] += sent
+                per_port[b][1] += lost
+            if leaf[b] != leaf[a]:
+                per_leaf[leaf[b]][0] += sent
+                per_leaf[leaf[b]][1] += lost
+        return per_port, dict(per_leaf)
 
     def _hysteresis(
-        self, pairs: list[PairResult], found: dict[PortId | str, Verdict], now: float
+        self, w: _Window, found: dict[PortId | str, Verdict], now: float
     ) -> list[Verdict]:
         s = self.settings
+        # copy on write: :attr:`active` is replaced whole at the end, so a reader in another
+        # thread (the service runs update() off its event loop) sees one window or the next
+        active = {k: copy.copy(a) for k, a in self.active.items()}
         out: list[Verdict] = []
+        losses: tuple[list[list[int]], dict[str, list[int]]] | None = None
         for subject, v in found.items():
             if v.kind == "inconclusive":
-                if subject not in self.active:
+                if subject not in active:
                     out.append(v)
                 continue
-            a = self.active.get(subject)
+            a = active.get(subject)
             if a is None:
-                self.active[subject] = _Active(v.kind, now, None, v.seen_as, v.witnesses, v.lossy)
+                active[subject] = _Active(v.kind, now, None, v.seen_as, v.witnesses, v.lossy)
                 out.append(Verdict(v.kind, subject, "raised", v.witnesses, v.lossy, v.seen_as))
             else:
                 a.low_since, a.witnesses, a.lossy = None, v.witnesses, v.lossy
                 out.append(Verdict(v.kind, subject, "held", v.witnesses, v.lossy, a.seen_as))
-        for subject, a in list(self.active.items()):
+        for subject, a in list(active.items()):
             if subject in found and found[subject].kind != "inconclusive":
                 continue
-            loss = self._loss(subject, pairs)
+            if losses is None:
+                losses = self._losses(w)
+            if isinstance(subject, PortId):
+                i = w.number.get((subject.host, subject.rail))
+                sent, lost = losses[0][i] if i is not None else (0, 0)
+            else:
+                sent, lost = losses[1].get(subject, (0, 0))
+            loss = lost / sent if sent else None
             if loss is not None and loss < s.loss_clear:
                 a.low_since = now if a.low_since is None else a.low_since
             elif loss is not None:
                 a.low_since = None
             low_now = loss is not None and loss < s.loss_clear  # silence never clears
             if low_now and a.low_since is not None and now - a.low_since >= s.clear_after_s:
-                del self.active[subject]
+                del active[subject]
                 out.append(Verdict(a.kind, subject, "cleared", a.witnesses, a.lossy, a.seen_as))
             else:
                 out.append(Verdict(a.kind, subject, "held", a.witnesses, a.lossy, a.seen_as))
+        self.active = active
         return out

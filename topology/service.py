@@ -244,6 +244,11 @@ class TopologyService:
         self.probe_results: dict[tuple[PortId, PortId], PairResult] = {}
         self.localizer: Localizer | None = None
         self.probe_reports = 0
+        #: the inconclusive verdicts of the last localisation by subject (``str``): the
+        #: verdict and since when (monotonic s) that subject has been inconclusive at every
+        #: localisation (never acted on; :meth:`probe_verdicts` lists them)
+        self.probe_inconclusive: dict[str, tuple[ProbeVerdict, float]] = {}
+        self._leaves = {sw.name: sw for sw in self.fabric.switches if sw.role == "leaf"}
         self.bus = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-topology-{self.me.instance}",
@@ -695,7 +700,11 @@ class TopologyService:
                 )
                 published = epoch
                 log.info("probe_targets_published", epoch=epoch, hosts=len(msgs))
-            self.localize_probes(now=time.monotonic())
+            if self.localizer is not None:
+                now = time.monotonic()
+                results = self._fresh_probe_results(now)
+                verdicts = await asyncio.to_thread(self.localizer.update, results, now)
+                self.localize_probes(now=now, verdicts=verdicts)
             await asyncio.sleep(cfg.window_s)
 
     def _on_probe_report(self, report: ProbeReport, *, now: float) -> None:
@@ -721,20 +730,51 @@ class TopologyService:
                 rtt_p99_us=None if pair.rtt_p99_ms is None else pair.rtt_p99_ms * 1000,
             )
 
-    def localize_probes(self, *, now: float) -> list[ProbeVerdict]:
-        """Run the localiser on the fresh results at ``now`` (monotonic s) and act on the
-        raised and cleared verdicts: a port verdict marks (or clears) its rail as unusable for
-        its host (:meth:`FabricState.on_probe_verdict`, then a solve); a leaf verdict is logged
-        (switch-level faults are the operator's ``fabric/faults``). Each is logged as
-        ``probe_verdict`` and emitted as a ``health`` change. Returns the verdicts acted on."""
-        if self.localizer is None:
-            return []
+    def _fresh_probe_results(self, now: float) -> list[PairResult]:
+        """The probe results younger than the localiser's ``max_age_s`` at ``now`` (older ones
+        are dropped for good)."""
+        assert self.localizer is not None
         max_age = self.localizer.settings.max_age_s
         for key, r in list(self.probe_results.items()):
             if now - r.window_end > max_age:
                 del self.probe_results[key]
+        return list(self.probe_results.values())
+
+    def localize_probes(
+        self, *, now: float, verdicts: list[ProbeVerdict] | None = None
+    ) -> list[ProbeVerdict]:
+        """Run the localiser on the fresh results at ``now`` (monotonic s) and act on the
+        raised and cleared verdicts: a port verdict marks (or clears) its rail as unusable for
+        its host (:meth:`FabricState.on_probe_verdict`, then a solve); a leaf verdict is logged
+        (switch-level faults are the operator's ``fabric/faults``). Each is logged as
+        ``probe_verdict`` and emitted as a ``health`` change, both with where it is
+        (:meth:`_probe_place`: ``host`` and ``rail``, or ``leaf``). Inconclusive verdicts are
+        kept in :attr:`probe_inconclusive` (logged as ``probe_inconclusive`` when a subject
+        becomes one) and never acted on. ``verdicts``: the localiser's, already computed at
+        ``now`` (the prober task computes them in a worker thread: ~0.2 s a window at 2,048
+        hosts x 8 rails, benchmarks/localize.py); None: computed here. Returns the verdicts
+        acted on."""
+        if self.localizer is None:
+            return []
+        if verdicts is None:
+            verdicts = self.localizer.update(self._fresh_probe_results(now), now)
         acted = []
-        for v in self.localizer.update(self.probe_results.values(), now):
+        inconclusive: dict[str, tuple[ProbeVerdict, float]] = {}
+        for v in verdicts:
+            if v.kind == "inconclusive":
+                key = str(v.subject)
+                seen = self.probe_inconclusive.get(key)
+                inconclusive[key] = (v, now if seen is None else seen[1])
+                if seen is None:
+                    log.info(
+                        "probe_inconclusive",
+                        subject=key,
+                        witnesses=v.witnesses,
+                        lossy=v.lossy,
+                        reason=v.reason,
+                        **self._probe_place(v.subject),
+                    )
+                continue
             if v.state not in ("raised", "cleared"):
                 continue
             acted.append(v)
@@ -754,11 +794,108 @@ class TopologyService:
                 "seen_as": list(v.seen_as),
                 "effect": effect,
             }
-            if isinstance(v.subject, PortId):
-                doc |= {"host": v.subject.host, "rail": v.subject.rail}
+            place = self._probe_place(v.subject)
+            doc |= place
             (log.warning if v.state == "raised" else log.info)("probe_verdict", **doc)
-            self.changes.emit("health", {"probe_verdict": doc})
+            # where at the top too: the ledger and ``/api/v1/events?host=&rail=`` filter by it
+            self.changes.emit("health", {**place, "probe_verdict": doc})
+        self.probe_inconclusive = inconclusive
         return acted
+
+    def _probe_place(self, subject: PortId | str) -> dict[str, object]:
+        """Where a probe verdict's ``subject`` is: a port's ``host``, ``rail`` and, when the
+        fabric has that rail on the host, its ``hca``, ``port`` and ``leaf`` (and the leaf's
+        ``su``); a leaf's ``leaf`` and, when known, its ``rail`` and ``su`` (a leaf named
+        ``rail<r>``: a fabric without cabling, rail ``r``)."""
+        out: dict[str, object] = {}
+        if isinstance(subject, PortId):
+            out |= {"host": subject.host, "rail": subject.rail}
+            if subject.host in self.state.host_names:
+                hca = next(
+                    (h for h in self.fabric.host(subject.host).hcas if h.rail == subject.rail), None
+                )
+                if hca is not None:
+                    out |= {"hca": hca.hca, "port": hca.port}
+            leaf = self.probe_plan.leaf.get(subject) if self.probe_plan is not None else None
+            if leaf is None:
+                return out
+        else:
+            leaf = subject
+        out["leaf"] = leaf
+        switch = self._leaves.get(leaf)
+        if switch is not None:
+            out |= {"rail": out.get("rail", switch.rail), "su": switch.su}
+        elif "rail" not in out and leaf.startswith("rail") and leaf[4:].isdigit():
+            out["rail"] = int(leaf[4:])
+        return out
+
+    def probe_verdicts(self, *, now: float | None = None) -> list[dict[str, object]]:
+        """The probe verdicts in force: every raised ``port`` and ``leaf`` verdict the
+        localiser holds and the ``inconclusive`` ones of the last localisation, sorted by kind
+        (port, leaf, inconclusive) and subject. Each: ``kind``, ``subject`` (``host/rail<r>``
+        or a leaf name), where (:meth:`_probe_place`: ``host``, ``rail``, ``hca``, ``port`` or
+        ``leaf``, ``rail``, ``su``; absent ones None), ``since`` (Unix time, s: raised, or
+        inconclusive without a break), ``age_s`` (s), ``witnesses`` and ``lossy`` (evidence
+        counts of the last localisation that saw it), ``seen_as`` (a port's rules: ``target``,
+        ``prober``), ``clearing`` (loss below ``loss_clear`` since ``clearing_since``, Unix s;
+        it clears after ``clear_after_s``), ``drained`` (a port verdict whose rail its host's
+        plans avoid) and ``reason`` (why an inconclusive one is not acted on). ``now``: the
+        monotonic clock of :meth:`localize_probes` (default ``time.monotonic()``). Empty with
+        probes off or before the first localisation."""
+        mono = time.monotonic() if now is None else now
+        wall = time.time() - mono  # monotonic -> Unix time
+        rows: list[dict[str, object]] = []
+
+        def row(
+            kind: str, subject: PortId | str, since: float, **fields: object
+        ) -> dict[str, object]:
+            place = {"host": None, "rail": None, "hca": None, "port": None, "leaf": None}
+            place |= {"su": None} | self._probe_place(subject)
+            return {
+                "kind": kind,
+                "subject": str(subject),
+                **place,
+                "since": round(wall + since, 3),
+                "age_s": round(max(0.0, mono - since), 3),
+                **fields,
+            }
+
+        active = self.localizer.active if self.localizer is not None else {}
+        for subject, a in active.items():
+            drained = isinstance(subject, PortId) and (
+                (subject.host, subject.rail) in self.state.probe_suspect
+            )
+            rows.append(
+                row(
+                    a.kind,
+                    subject,
+                    a.since,
+                    witnesses=a.witnesses,
+                    lossy=a.lossy,
+                    seen_as=list(a.seen_as),
+                    clearing=a.low_since is not None,
+                    clearing_since=None if a.low_since is None else round(wall + a.low_since, 3),
+                    drained=drained,
+                    reason="",
+                )
+            )
+        for v, since in self.probe_inconclusive.values():
+            rows.append(
+                row(
+                    "inconclusive",
+                    v.subject,
+                    since,
+                    witnesses=v.witnesses,
+                    lossy=v.lossy,
+                    seen_as=list(v.seen_as),
+                    clearing=False,
+                    clearing_since=None,
+                    drained=False,
+                    reason=v.reason,
+                )
+            )
+        order = {"port": 0, "leaf": 1, "inconclusive": 2}
+        return sorted(rows, key=lambda r: (order[str(r["kind"])], str(r["subject"])))
 
     def _open_retained(self, msg: BusMessage, kind: str, host: str) -> bytes | None:
         """The message inside a retained plan or peer routes payload of a fabric host. With a

@@ -17,10 +17,19 @@ Rules:
   every ``counters_interval_s`` = 1 s and reports a reading as soon as a counter changed).
 * Deltas seen while the port is not usable (down, training) are dropped: link training counts
   symbol errors by design (IBA vol. 2 5.7.x PHY training), that is a flap, not a gray failure.
+* The first reading after the port became usable again (not usable -> usable, including after
+  an unreadable reading) is a baseline only: its delta spans the down period and the training,
+  so it is dropped too; deltas count from the next reading on. A reading the caller marks
+  ``baseline=True`` is dropped the same way (the monitor marks the first counter re-read after
+  the port came back, when the driver reused counters read before it did).
 * Flap counters (``link_downed``, ``link_error_recovery``, ``link_down_events_phy``) count
   every flap, including the ones the monitor saw (and damps): each flap the monitor reports
-  (:meth:`CounterHealth.flap`) absorbs one increment of each for ``window_s``; only the excess
-  (flaps too short for the state poll) counts.
+  (:meth:`CounterHealth.flap`) is matched with one increment of each, once: an increment
+  dropped in the same stretch of dropped readings (the flap's own, read while the port was
+  down or at its baseline reading, before or after the monitor reported the flap), else the
+  next counted increment within ``window_s`` (counters read late). Only the excess (flaps too
+  short for the state poll) counts; dropped increments left unmatched when counting resumes
+  are forgotten (retrains during one down period).
 * Degraded when any counter's count in the last ``window_s`` reaches its ``degrade`` threshold.
   Healthy again only after every counter's count has stayed at or below its ``clear``
   threshold for ``clear_after_s`` without a break (hysteresis: a counter hovering around the
@@ -120,9 +129,13 @@ class CounterHealthPolicy(BaseModel):
       counters that saturate at 15. Judgement.
 
     ``thresholds`` given in the settings replace the defaults per counter name (a name not
-    given keeps its default); set a counter's ``degrade`` very high to ignore it. Raises
-    ``pydantic.ValidationError`` for a non-finite/non-positive time, ``clear >= degrade``, a
-    counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo must not be ignored).
+    given keeps its default); set a counter's ``degrade`` very high to ignore it. A counter may
+    give only one of the two: ``clear`` alone keeps the default ``degrade``; ``degrade`` alone
+    keeps the default ``clear`` when that is below it, else takes ``degrade // 10`` (the
+    defaults' 100/10 ratio; 0 below 10). Raises ``pydantic.ValidationError`` for a
+    non-finite/non-positive time, ``clear >= degrade`` (naming the counter), a counter given
+    neither, a counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo must not be
+    ignored).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,19 +145,74 @@ class CounterHealthPolicy(BaseModel):
     clear_after_s: float = Field(300.0, gt=0, le=86_400)
     thresholds: dict[str, CounterThreshold] = Field(default_factory=dict, max_length=64)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_thresholds(cls, data: object) -> object:
+        # a counter given only degrade or only clear gets the other one (class docstring)
+        given = data.get("thresholds") if isinstance(data, Mapping) else None
+        if not isinstance(given, Mapping):
+            return data  # absent, or not a mapping: pydantic says what is wrong
+        unknown = [n for n in given if n not in DEFAULT_THRESHOLDS]
+        if any(not isinstance(given[n], Mapping) or len(given[n]) < 2 for n in unknown):
+            _unknown_counters(unknown)  # not "clear: field required" for a misspelt name
+        filled = {}
+        for name, t in given.items():
+            if isinstance(t, Mapping) and name in DEFAULT_THRESHOLDS:
+                t = _fill_threshold(name, t)
+            filled[name] = t
+        return {**data, "thresholds": filled}
+
     @model_validator(mode="after")
     def _merge_defaults(self) -> CounterHealthPolicy:
         if not (math.isfinite(self.window_s) and math.isfinite(self.clear_after_s)):
             raise ValueError("window_s and clear_after_s must be finite seconds")
-        unknown = sorted(set(self.thresholds) - set(DEFAULT_THRESHOLDS))
+        unknown = [n for n in self.thresholds if n not in DEFAULT_THRESHOLDS]
         if unknown:
-            raise ValueError(
-                f"thresholds: unknown counter(s) {', '.join(unknown)}; known: "
-                f"{', '.join(sorted(DEFAULT_THRESHOLDS))}"
-            )
+            _unknown_counters(unknown)
         merged = {**DEFAULT_THRESHOLDS, **self.thresholds}
         object.__setattr__(self, "thresholds", merged)
         return self
+
+
+def _unknown_counters(names: list[object]) -> None:
+    """ValueError naming the counters that are not in ``DEFAULT_THRESHOLDS``."""
+    raise ValueError(
+        f"thresholds: unknown counter(s) {', '.join(sorted(map(str, names)))}; known: "
+        f"{', '.join(sorted(DEFAULT_THRESHOLDS))}"
+    )
+
+
+def _as_int(v: object) -> int | None:
+    """``v`` as an int when it plainly is one (YAML int, or a string of digits from the
+    environment), else None (pydantic then reports the bad value)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lstrip("+").isdigit():
+        return int(v.strip())
+    return None
+
+
+def _fill_threshold(name: str, t: Mapping[str, object]) -> dict[str, object]:
+    """``t`` (one counter's override) with the missing ``degrade`` or ``clear`` filled in from
+    ``DEFAULT_THRESHOLDS[name]``; ValueError naming the counter when neither is given or the
+    pair has ``clear >= degrade``."""
+    default = DEFAULT_THRESHOLDS[name]
+    out = dict(t)
+    if "degrade" not in out and "clear" not in out:
+        raise ValueError(f"thresholds.{name}: give degrade, clear or both")
+    if "degrade" not in out:
+        out["degrade"] = default.degrade
+    elif "clear" not in out:
+        d = _as_int(out["degrade"])
+        out["clear"] = default.clear if d is None or default.clear < d else d // 10
+    d, c = _as_int(out["degrade"]), _as_int(out["clear"])
+    if d is not None and d >= 1 and c is not None and c >= d:  # degrade 0: pydantic's ge=1
+        which = ", the default degrade" if "degrade" not in t else ""
+        raise ValueError(
+            f"thresholds.{name}: clear ({c}) must be below degrade ({d}{which}), or a degraded "
+            "port would clear while still over its threshold"
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,8 +233,12 @@ _HEALTHY = HealthVerdict(False)
 @dataclass(eq=False)
 class _PortHealth:
     samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
-    #: per flap counter: (time, 1) per flap the monitor saw, absorbing one increment each
+    #: per flap counter: the time of each flap the monitor saw not yet matched with an increment
     seen_flaps: dict[str, deque[float]] = field(default_factory=dict)
+    #: per flap counter: increments dropped since the last counted reading, not yet matched
+    dropped_flaps: dict[str, int] = field(default_factory=dict)
+    #: the previous reading was usable (False before the first one)
+    usable: bool = False
     degraded: bool = False
     reason: str | None = None
     clean_since: float | None = None
@@ -191,12 +263,27 @@ class CounterHealth:
         *,
         usable: bool,
         now: float,
+        baseline: bool = False,
     ) -> HealthVerdict:
         """Take one reading of ``key``'s counters at ``now``; ``usable``: the port was usable
-        at this reading (deltas of unusable readings are dropped). Returns the verdict."""
+        at this reading. Its deltas are dropped when it is not usable, when the previous
+        reading was not (the first reading after the port came back is a baseline only) and
+        when ``baseline`` is True (counters that may span the time the port was not usable).
+        Returns the verdict."""
         deltas = self._baseline.update(key, counters, saturated, reset_unknown=True)
         p = self._ports.setdefault(key, _PortHealth())
-        if usable and self.policy.enabled:
+        counted = usable and p.usable and not baseline
+        p.usable = usable
+        if not counted:
+            for name in FLAP_COUNTERS:
+                delta = deltas.get(name)
+                if delta:  # the increments of a flap the monitor saw are its own
+                    left = self._absorb(p, name, delta, now)
+                    if left:
+                        p.dropped_flaps[name] = p.dropped_flaps.get(name, 0) + left
+            return self.evaluate(key, now=now)
+        p.dropped_flaps.clear()  # what the down period left unmatched: retrains, not flaps
+        if self.policy.enabled:
             for name, delta in deltas.items():
                 if not delta or name not in self.policy.thresholds:
                     continue
@@ -207,11 +294,16 @@ class CounterHealth:
         return self.evaluate(key, now=now)
 
     def flap(self, key: str, *, now: float) -> None:
-        """The monitor saw ``key`` flap at ``now``: one increment of each flap counter within
-        ``window_s`` is that flap, not a hidden one."""
+        """The monitor saw ``key`` flap at ``now``: one increment of each flap counter is
+        that flap, not a hidden one: one already dropped since the last counted reading (the
+        reading that showed the port down may show its increment too), else the next one
+        within ``window_s``."""
         p = self._ports.setdefault(key, _PortHealth())
         for name in FLAP_COUNTERS:
-            p.seen_flaps.setdefault(name, deque()).append(now)
+            if p.dropped_flaps.get(name):
+                p.dropped_flaps[name] -= 1
+            else:
+                p.seen_flaps.setdefault(name, deque()).append(now)
 
     def forget(self, key: str) -> None:
         """Drop everything about ``key`` (port removed)."""

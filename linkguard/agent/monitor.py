@@ -310,6 +310,8 @@ class _Port:
     logged: set[str] = field(default_factory=set)
     # counter health and re-admission (DEGRADED)
     health_reason: str | None = None  # set while the counters are over a threshold
+    counted: bool = False  # the latest reading went to counter health as usable
+    awaiting_fresh: bool = False  # back with reused counters: the next re-read is a baseline
     readmit_reason: str | None = None  # set while the re-admission check fails
     ref_rate: float | None = None  # highest rate (Gb/s) read while UP
     admitted_layer: LinkLayer | None = None  # link layer while last UP
@@ -503,15 +505,17 @@ class PortMonitor:
         return p
 
     def _apply(self, p: _Port, obs: PortObservation, now: float) -> None:
-        p.obs = obs
+        previous_obs, p.obs = p.obs, obs
         if obs.link_layer is not None:
             p.link_layer = obs.link_layer
         if obs.netdev is not None:
             p.netdev = obs.netdev
         verdict = raw_usability(obs, link_layer=p.link_layer)
-        if obs.present:  # deltas only between two usable readings (training counts errors)
-            usable = verdict.usable is True and p.raw is True and p.unreadable is None
-            self._health.observe(obs.key, obs.counters, obs.saturated, usable=usable, now=now)
+        usable = obs.present and verdict.usable is True
+        baseline = self._counter_baseline(p, previous_obs, obs, usable=usable)
+        self._health.observe(
+            obs.key, obs.counters, obs.saturated, usable=usable, now=now, baseline=baseline
+        )
         if not obs.present and p.raw is None:
             # never seen: a configuration mistake (a netdev or HCA name typo), not a fault that
             # should move traffic; a device that was there and vanished is a fault (DOWN)
@@ -536,6 +540,29 @@ class PortMonitor:
             self._expire(p, now)
             p.hold_s = self.policy.hold_down_for(p.flaps)
             p.hold_until = now + p.hold_s
+
+    @staticmethod
+    def _counter_baseline(
+        p: _Port, previous: PortObservation | None, obs: PortObservation, *, usable: bool
+    ) -> bool:
+        """Whether ``obs`` is the first counter re-read since the port came back (counter
+        health then takes it as a baseline only). Counter health itself takes the reading at
+        the edge as the baseline; but a driver may reuse counters between re-reads
+        (:attr:`PortObservation.counters_fresh` False: the sysfs driver reads them once a
+        second), so that reading may carry counters read while the port was down, and the
+        next re-read the rest of the training's errors: that re-read is the baseline then."""
+        back = usable and not p.counted and previous is not None  # not the first reading
+        p.counted = usable
+        if back:
+            p.awaiting_fresh = not obs.counters_fresh
+            return False
+        if not usable:
+            p.awaiting_fresh = False
+            return False
+        if p.awaiting_fresh and obs.counters_fresh:
+            p.awaiting_fresh = False
+            return True
+        return False
 
     def _flap(self, p: _Port, now: float) -> None:
         pol = self.policy

@@ -13,7 +13,7 @@ import pytest
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy, PortMonitor, gid_moves
-from linkguard.drivers.sysfs_ib import read_port
+from linkguard.drivers.sysfs_ib import _Poller, read_port, read_sysfs
 from linkguard.models import PortStatus
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.state import FabricState
@@ -193,6 +193,68 @@ def test_flap_of_a_degraded_port_is_a_flap_and_its_link_downed_is_not_hidden(gpu
         "held_down->degraded",
         "degraded->up",
     ]
+
+
+def test_errors_counted_while_down_do_not_degrade_the_port_when_it_is_back(gpud: Path) -> None:
+    """The real poller re-reads counters once a second and reuses them between re-reads: the
+    reading that shows the port back carries counters read while it was down, and the first
+    re-read after it the training's 5000 symbol errors. That re-read is the baseline; the same
+    rise once the port is back does drain it."""
+    d = gpud / "mlx5_0" / "ports" / "1"
+    poller = _Poller(
+        root=gpud,
+        ports={"mlx5_0/1"},
+        reader=read_sysfs,
+        rediscover_s=1e9,
+        counters_interval_s=1.0,
+    )
+    mon = PortMonitor(host="gpu000", policy=DampingPolicy(), rails={"mlx5_0/1": 0})
+    seen: list[tuple[float, int | None]] = []
+
+    def poll(t: float) -> PortStatus:
+        batch = poller.poll(t)
+        seen.extend((t, o.counters.get("symbol_error")) for o in batch)
+        mon.observe(batch, now=t, wall=WALL + t)
+        st = mon.state("mlx5_0/1")
+        assert st is not None
+        return st.status
+
+    assert poll(0.0) == UP
+    put(d / "state", "1: DOWN\n")
+    put(d / "phys_state", "2: Polling\n")
+    assert poll(0.3) == DOWN
+    put(d / "counters" / "symbol_error", "5000\n")  # training
+    put(d / "state", "4: ACTIVE\n")
+    put(d / "phys_state", "5: LinkUp\n")
+    assert poll(0.7) == HELD
+    t = 1.0
+    while t < 30.0:
+        assert poll(t) in (HELD, UP)
+        t += 1.0
+    # the port came back with the old counters, the re-read at 1 s brought the 5000
+    assert seen[:4] == [(0.0, 0), (0.3, 0), (0.7, 0), (1.0, 5000)]
+    st = mon.state("mlx5_0/1")
+    assert st is not None and st.status == UP and st.reason is None
+    put(d / "counters" / "symbol_error", "10000\n")  # the same rise while up: a gray failure
+    assert poll(30.0) == DEGRADED
+    assert mon.state("mlx5_0/1").reason == "symbol_error 5000/60s"  # type: ignore[union-attr]
+
+
+def test_the_flap_the_monitor_saw_hides_no_other_flap(gpud: Path) -> None:
+    # the reading that shows the port down shows its link_downed too: that increment is the
+    # flap's, so two more the state poll missed count in full
+    rig = Rig(gpud)
+    rig.read(0.0)
+    rig.write("counters/link_downed", "1")
+    rig.write("state", "1: DOWN")
+    rig.write("phys_state", "2: Polling")
+    assert rig.read(1.0) == DOWN
+    rig.write("state", "4: ACTIVE")
+    rig.write("phys_state", "5: LinkUp")
+    assert rig.read(2.0) == HELD
+    assert rig.tick(12.0) == UP
+    rig.write("counters/link_downed", "3")
+    assert rig.read(20.0) == DEGRADED and rig.state.reason == "link_downed 2/60s"
 
 
 # ---------------------------------------------------------------------------- re-admission

@@ -156,3 +156,69 @@ def test_disabled_and_unwatched_counters() -> None:
     h = CounterHealth()
     feed(h, 0.0, 0, "port_xmit_data")
     assert not feed(h, 1.0, 10**9, "port_xmit_data").degraded  # not an error counter
+
+
+def test_first_reading_after_the_port_is_back_is_a_baseline() -> None:
+    """Down, training, back: the first usable reading's delta spans the down period (training
+    counts symbol errors by design), so it is a baseline; deltas count from the next one."""
+    h = CounterHealth()
+    feed(h, 0.0, 0)
+    assert not feed(h, 1.0, 0, usable=False).degraded  # down
+    v = feed(h, 2.0, 5000)  # back: 5000 errors from the training, not a gray failure
+    assert not v.degraded and v.counts == {}
+    assert not feed(h, 3.0, 5000).degraded
+    v = feed(h, 4.0, 10_000)  # the same rise while up does degrade it
+    assert v.degraded and v.reason == "symbol_error 5000/60s"
+    # counters read while it was not usable, and an unreadable reading, end the same way
+    h = CounterHealth()
+    feed(h, 0.0, 0)
+    feed(h, 1.0, 3000, usable=False)
+    feed(h, 2.0, 6000, usable=False)
+    assert h.observe(K, {"symbol_error": 7000}, NONE, usable=False, now=2.5).counts == {}
+    assert feed(h, 3.0, 9000).counts == {}
+    assert feed(h, 4.0, 9050).counts == {"symbol_error": 50}
+    # baseline=True: the caller knows these counters may have been read before the edge
+    v = h.observe(K, {"symbol_error": 20_000}, NONE, usable=True, now=5.0, baseline=True)
+    assert v.counts == {"symbol_error": 50}
+    assert feed(h, 6.0, 20_060).counts == {"symbol_error": 110}
+
+
+def test_a_seen_flap_is_matched_with_one_increment_once() -> None:
+    # the reading that shows the port down shows its link_downed too (before flap() is told)
+    h = CounterHealth()
+    feed(h, 0.0, 0, "link_downed")
+    feed(h, 1.0, 1, "link_downed", usable=False)
+    h.flap(K, now=1.0)
+    feed(h, 2.0, 1, "link_downed")  # back: baseline
+    v = feed(h, 10.0, 3, "link_downed")  # two flaps the state poll missed: not absorbed again
+    assert v.degraded and v.reason == "link_downed 2/60s"
+    # told first, the increment read while down: the same
+    h = CounterHealth()
+    feed(h, 0.0, 0, "link_downed")
+    h.flap(K, now=1.0)
+    feed(h, 1.5, 1, "link_downed", usable=False)
+    feed(h, 2.0, 1, "link_downed")
+    assert feed(h, 10.0, 3, "link_downed").degraded
+    # counters read late: the increment shows after the baseline, the seen flap absorbs it once
+    h = CounterHealth()
+    feed(h, 0.0, 0, "link_downed")
+    h.flap(K, now=1.0)
+    feed(h, 1.1, 0, "link_downed", usable=False)
+    feed(h, 2.0, 0, "link_downed")
+    assert feed(h, 3.0, 1, "link_downed").counts == {}
+    assert feed(h, 10.0, 2, "link_downed").counts == {"link_downed": 1}
+    assert feed(h, 11.0, 3, "link_downed").degraded
+    # retrains during one down period: matched with its one flap, the rest forgotten when
+    # counting resumes (they do not swallow the next flap's late increment)
+    h = CounterHealth()
+    feed(h, 0.0, 0, "link_error_recovery")
+    feed(h, 1.0, 0, "link_error_recovery", usable=False)
+    h.flap(K, now=1.0)
+    feed(h, 2.0, 4, "link_error_recovery", usable=False)
+    feed(h, 3.0, 4, "link_error_recovery")
+    feed(h, 4.0, 4, "link_error_recovery")
+    h.flap(K, now=20.0)
+    feed(h, 20.1, 4, "link_error_recovery", usable=False)
+    feed(h, 21.0, 4, "link_error_recovery")
+    assert feed(h, 22.0, 5, "link_error_recovery").counts == {}  # the flap at 20
+    assert feed(h, 23.0, 6, "link_error_recovery").counts == {"link_error_recovery": 1}

@@ -485,3 +485,109 @@ def test_between_full_readings_only_state_and_phys_state_are_read(gpud: Path) ->
     changed = poller.poll(1.1)
     assert [(o.key, o.state) for o in changed] == [("mlx5_1/1", PortStateName.DOWN)]
     assert "rate" in reads and "link_layer" in reads
+
+
+# ------------------------------------------------------------------ kept-open counter files
+
+
+def _open_fds() -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return out
+
+
+def test_kept_open_counters_see_in_place_writes_and_replaced_files(tmp_path: Path) -> None:
+    from linkguard.drivers.sysfs_ib import _KeptOpen, _Poller
+
+    gpud = copy_tree(tmp_path, GPUD)
+    counters = gpud / "mlx5_4/ports/1/counters"
+    old = time.time() - 10  # a quiet directory (copytree keeps the fixture's own mtimes)
+    os.utime(counters, (old, old))
+    os.utime(counters.parent / "hw_counters", (old, old))
+    poller = _Poller(
+        root=gpud, ports={"mlx5_4/1"}, reader=read_sysfs, rediscover_s=1e9, counters_interval_s=1
+    )
+    first = {o.key: o for o in poller.poll(0.0)}["mlx5_4/1"]
+    kept = poller.counter_reader
+    assert isinstance(kept, _KeptOpen)
+    # every counters/ and hw_counters/ file of the port is held open
+    assert len(kept.fds) == len(first.counters) == 21 + 25
+    assert str(counters / "symbol_error") in _open_fds()
+
+    (counters / "symbol_error").write_text("77\n")  # in place: the same file, read at offset 0
+    second = {o.key: o for o in poller.poll(1.0)}["mlx5_4/1"]
+    assert second.counters["symbol_error"] == 77 and second.counters_fresh
+
+    put(counters / "port_rcv_errors", "12345\n")  # a new inode: the directory changed
+    third = {o.key: o for o in poller.poll(2.0)}["mlx5_4/1"]
+    assert third.counters["port_rcv_errors"] == 12345
+    assert third.counters["symbol_error"] == 77
+    # the directory changed within the last second: read by path until it is quiet again
+    assert not any(p.startswith(str(counters)) for p in kept.fds)
+
+    # between counter readings the values are reused, and say so
+    put(gpud / "mlx5_4/ports/1/state", "1: DOWN\n")
+    between = {o.key: o for o in poller.poll(2.5)}["mlx5_4/1"]
+    assert between.counters == third.counters and between.counters_fresh is False
+
+    poller.close()
+    assert kept.fds == {} and str(counters / "symbol_error") not in _open_fds()
+
+
+def test_kept_open_reader_stays_within_its_budget(tmp_path: Path) -> None:
+    from linkguard.drivers.sysfs_ib import _KeptOpen
+
+    gpud = copy_tree(tmp_path, GPUD)
+    files = sorted((gpud / "mlx5_0/ports/1/counters").iterdir())[:5]
+    reader = _KeptOpen(budget=3)
+    values = [reader(str(f)) for f in files]
+    assert values == [f.read_text() for f in files]
+    assert sorted(reader.fds) == [str(f) for f in files[:3]]
+    # a file gone under its kept descriptor: read again by path, so the error is ENOENT
+    files[0].unlink()
+    os.close(reader.fds[str(files[0])])  # the old node failing (sysfs: ENODEV)
+    reader.fds[str(files[0])] = os.open(str(gpud), os.O_RDONLY)  # pread on a dir fails: EISDIR
+    with pytest.raises(FileNotFoundError):
+        reader(str(files[0]))
+    assert str(files[0]) not in reader.fds
+    reader.close()
+    assert reader.fds == {}
+
+
+async def test_watch_polls_in_its_own_thread_and_cleans_up(tmp_path: Path) -> None:
+    import threading
+
+    from tests.support import until
+
+    gpud = copy_tree(tmp_path, GPUD)
+    before = _open_fds()
+    source = SysfsIBSource(root=gpud, interval_s=0.05)
+    agen = source.watch()
+    await anext(agen)
+    assert [t.name for t in threading.enumerate()].count("sysfs-poll") == 1
+    assert len(_open_fds() - before) >= 8 * 46  # the counter files of the 8 IB ports
+    put(gpud / "mlx5_5/ports/1/state", "1: DOWN\n")
+    batch = await asyncio.wait_for(anext(agen), 5)
+    assert [(o.key, o.state) for o in batch] == [("mlx5_5/1", PortStateName.DOWN)]
+    await agen.aclose()
+    await until(lambda: "sysfs-poll" not in [t.name for t in threading.enumerate()], "the thread")
+    assert _open_fds() - before == set()
+
+
+async def test_a_poll_that_raises_is_raised_by_watch(tmp_path: Path) -> None:
+    gpud = copy_tree(tmp_path, GPUD)
+    calls = 0
+
+    def reader(path: str) -> str:
+        nonlocal calls
+        calls += 1
+        if calls > 200:
+            raise RuntimeError("driver bug")  # not an OSError: a bug, not a bad file
+        return read_sysfs(path)
+
+    agen = SysfsIBSource(root=gpud, interval_s=0.01, reader=reader).watch()
+    with pytest.raises(RuntimeError, match="driver bug"):
+        async for _ in agen:
+            pass

@@ -105,6 +105,55 @@ def test_clearing_needs_low_loss_for_clear_after_s() -> None:
     assert loc.update(results(healthy, at=160), now=160) == []
 
 
+def test_ports_are_values_and_the_latest_window_of_a_pair_wins() -> None:
+    """The service builds fresh PortIds per report: equal ports are one port, and a pair
+    reported twice counts once, as its latest window, whatever order the results come in."""
+
+    def fresh(rs: list[PairResult]) -> list[PairResult]:
+        return [
+            PairResult(
+                PortId(r.prober.host, r.prober.rail),
+                PortId(r.target.host, r.target.rail),
+                r.sent,
+                r.lost,
+                r.window_end,
+            )
+            for r in rs
+        ]
+
+    dead = results(lambda p, t: t == X, at=90)
+    alive = results(lambda p, t: False, at=100)
+    assert Localizer(PLAN.leaf).update(fresh(alive + dead), now=100) == []
+    dead = results(lambda p, t: t == X, at=100)
+    alive = results(lambda p, t: False, at=90)
+    vs = Localizer(PLAN.leaf).update(fresh(dead[::-1] + alive), now=100)
+    assert vs == Localizer(PLAN.leaf).update(dead, now=100)
+    assert [(v.subject, v.state, v.seen_as, v.witnesses, v.lossy) for v in vs] == [
+        (X, "raised", ("target",), 8, 4)  # 4 probers losing + its 4 targets reached
+    ]
+
+
+def test_a_leaf_verdict_clears_after_clear_after_s_of_low_loss() -> None:
+    leaf = PLAN.leaf[X]
+    behind = lambda p, t: leaf in (PLAN.leaf[p], PLAN.leaf[t])  # noqa: E731
+    loc = Localizer(PLAN.leaf, LocalizeSettings(clear_after_s=20))
+    assert list(raised(loc.update(results(behind, at=0), now=0))) == [leaf]
+    healthy = results(lambda p, t: False, at=10)
+    assert [(v.subject, v.state) for v in loc.update(healthy, now=10)] == [(leaf, "held")]
+    # 10% loss on the leaf's pairs (over loss_clear 5%, under loss_bad): the clock restarts
+    partial = [
+        PairResult(r.prober, r.target, 10, 1 if behind(r.prober, r.target) else 0, 20)
+        for r in results(lambda p, t: False, at=20)
+    ]
+    assert [v.state for v in loc.update(partial, now=20)] == ["held"]
+    assert [v.state for v in loc.update(results(lambda p, t: False, at=30), now=30)] == ["held"]
+    assert [v.state for v in loc.update(results(lambda p, t: False, at=45), now=45)] == ["held"]
+    assert [
+        (v.subject, v.state) for v in loc.update(results(lambda p, t: False, at=50), now=50)
+    ] == [(leaf, "cleared")]
+    assert loc.active == {}
+
+
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match=r"lost 11 not in 0\.\.sent"):
         PairResult(X, Y, 10, 11, 0)

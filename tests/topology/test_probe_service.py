@@ -16,8 +16,9 @@ from structlog.testing import capture_logs
 from linkguard import topics
 from linkguard.config import AgentSettings, ServiceSettings
 from linkguard.membus import MemoryBroker, MemoryBus
+from linkguard.metrics import ServiceMetrics
 from linkguard.models import Plan, ProbePair, ProbeReport, ProbeTargets, decode, encode
-from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.fabric import Fabric, generate_rail_optimized
 from linkguard.topology.probeplan import PortId
 from linkguard.topology.service import TopologyService
 from tests.support import until
@@ -39,10 +40,12 @@ def _settings(**probes: object) -> ServiceSettings:
 
 
 @asynccontextmanager
-async def _running(settings: ServiceSettings) -> AsyncIterator[tuple[TopologyService, MemoryBus]]:
+async def _running(
+    settings: ServiceSettings, fabric: Fabric = FABRIC
+) -> AsyncIterator[tuple[TopologyService, MemoryBus]]:
     broker = MemoryBroker()
     service = TopologyService(
-        settings, fabric=FABRIC, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
+        settings, fabric=fabric, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
     )
     task = asyncio.create_task(service.run())
     agents = MemoryBus(broker=broker, client_id="agents")
@@ -56,10 +59,10 @@ async def _running(settings: ServiceSettings) -> AsyncIterator[tuple[TopologySer
         await asyncio.wait_for(task, 10)
 
 
-def _targets(agents: MemoryBus) -> dict[str, ProbeTargets]:
+def _targets(agents: MemoryBus, hosts: list[str] = HOSTS) -> dict[str, ProbeTargets]:
     broker = agents._broker
     out = {}
-    for h in HOSTS:
+    for h in hosts:
         raw = broker.retained.get(topics.probe_targets(h))
         if raw is not None:
             out[h] = decode(ProbeTargets, raw, expect_host=h)
@@ -163,6 +166,25 @@ async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() 
             # only the victim's own host moved off the rail; its peers keep both rails
             assert all(_rails_used(service, h) == {0, 1} for h in HOSTS if h != VICTIM.host)
             raised_at = time.monotonic()
+            (row,) = service.probe_verdicts()
+            assert 0 <= row.pop("age_s") < 10 and abs(row.pop("since") - time.time()) < 10
+            assert row == {
+                "kind": "port",
+                "subject": "gpu003/rail0",
+                "host": "gpu003",
+                "rail": 0,
+                "hca": "mlx5_0",
+                "port": 1,
+                "leaf": "su0-leaf0",
+                "su": 0,
+                "witnesses": 8,
+                "lossy": 8,
+                "seen_as": ["target", "prober"],
+                "clearing": False,
+                "clearing_since": None,
+                "drained": True,
+                "reason": "",
+            }
             await _publish_until(
                 agents,
                 targets,
@@ -180,13 +202,22 @@ async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() 
         ]
         assert verdicts[0]["seen_as"] == ["target", "prober"]
         assert verdicts[0]["witnesses"] == 8 and verdicts[0]["lossy"] == 8
+        # every line says where: host, rail, the port and its leaf
+        for v in verdicts:
+            assert (v["host"], v["rail"], v["hca"], v["port"]) == ("gpu003", 0, "mlx5_0", 1)
+            assert (v["leaf"], v["su"]) == ("su0-leaf0", 0)
+        assert service.probe_verdicts() == [] and service.probe_inconclusive == {}
         assert held_s >= 0.5  # clear_after_s of low loss before it cleared
         feed = [
-            c.data["probe_verdict"]["state"]
+            c.data
             for c in service.changes._backlog
             if c.kind == "health" and "probe_verdict" in c.data
         ]
-        assert feed == ["raised", "cleared"]
+        assert [d["probe_verdict"]["state"] for d in feed] == ["raised", "cleared"]
+        # where at the top of the change too (the ledger and /api/v1/events filter on it)
+        assert {(d["host"], d["rail"], d["hca"], d["port"]) for d in feed} == {
+            ("gpu003", 0, "mlx5_0", 1)
+        }
         assert service.dropped == {}
 
 
@@ -232,3 +263,109 @@ async def test_bad_probe_reports_are_dropped_and_counted() -> None:
             "unknown_probe_port": 2,
         }
         assert service.probe_reports == 1 and service.probe_results == {}
+
+
+def _core(fabric: Fabric) -> tuple[TopologyService, dict[str, ProbeTargets]]:
+    """A service that is not running (its pure core: reports in, verdicts out, ``now`` given)
+    with the probe targets of epoch 0."""
+    broker = MemoryBroker()
+    service = TopologyService(
+        _settings(), fabric=fabric, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
+    )
+    return service, {t.host: t for t in service.probe_targets(0)}
+
+
+def _verdict_gauge(service: TopologyService) -> dict[str, float]:
+    text = ServiceMetrics(service).render()[0].decode()
+    return {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("linkguard_probe_verdicts{")
+    }
+
+
+def test_a_dark_leaf_is_listed_logged_with_its_place_and_counted() -> None:
+    """2 SUs of 4 hosts: every port behind su0-leaf0 loses, probers of SU 1 see it: a leaf
+    verdict (drains nothing), listed with its rail and SU, in the log line, the health change
+    and the gauge."""
+    fabric = generate_rail_optimized(hosts=8, rails=2, hosts_per_su=4)
+    service, targets = _core(fabric)
+    assert _verdict_gauge(service) == {"port": 0, "leaf": 0, "inconclusive": 0}
+    behind = {p for p, leaf in service.probe_plan.leaf.items() if leaf == "su0-leaf0"}
+    assert sorted(map(str, behind)) == [f"gpu00{i}/rail0" for i in range(4)]
+    t0 = time.monotonic()
+    with capture_logs() as logs:
+        for r in _reports(targets, lambda a, b: a in behind or b in behind):
+            service._on_probe_report(r, now=t0)
+        acted = service.localize_probes(now=t0)
+    assert [(v.kind, v.subject, v.state) for v in acted] == [("leaf", "su0-leaf0", "raised")]
+    assert service.state.probe_suspect == set()  # switch-level faults stay the operator's
+    (line,) = [e for e in logs if e["event"] == "probe_verdict"]
+    assert (line["kind"], line["leaf"], line["rail"], line["su"]) == ("leaf", "su0-leaf0", 0, 0)
+    assert (line["effect"], line["witnesses"], line["lossy"]) == ("logged", 4, 4)
+    assert "host" not in line
+    (change,) = [c.data for c in service.changes._backlog if "probe_verdict" in c.data]
+    assert (change["leaf"], change["rail"], change["su"]) == ("su0-leaf0", 0, 0)
+    wall = time.time()
+    (row,) = service.probe_verdicts(now=t0 + 2.5)
+    assert row["age_s"] == 2.5 and abs(row.pop("since") - (wall - 2.5)) < 0.5
+    assert row == {
+        "kind": "leaf",
+        "subject": "su0-leaf0",
+        "host": None,
+        "rail": 0,
+        "hca": None,
+        "port": None,
+        "leaf": "su0-leaf0",
+        "su": 0,
+        "age_s": 2.5,
+        "witnesses": 4,
+        "lossy": 4,
+        "seen_as": [],
+        "clearing": False,
+        "clearing_since": None,
+        "drained": False,
+        "reason": "",
+    }
+    assert _verdict_gauge(service) == {"port": 0, "leaf": 1, "inconclusive": 0}
+
+
+def test_thin_evidence_is_listed_as_inconclusive_until_it_goes() -> None:
+    """A port lost by 2 of its 4 probers: inconclusive, never drained; listed with its place
+    and reason, since when it first showed (kept while it stays), logged once; gone when
+    the loss goes."""
+    service, targets = _core(FABRIC)
+    probers = sorted(p for p, ts in service.probe_plan.targets.items() if VICTIM in ts)
+    assert len(probers) == 4
+    two = set(probers[:2])
+
+    def feed(now: float, lossy: Callable[[PortId, PortId], bool]) -> None:
+        for r in _reports(targets, lossy):
+            service._on_probe_report(r, now=now)
+        assert service.localize_probes(now=now) == []  # nothing acted on
+
+    t0 = time.monotonic()
+    with capture_logs() as logs:
+        feed(t0, lambda a, b: b == VICTIM and a in two)
+        feed(t0 + 1, lambda a, b: b == VICTIM and a in two)
+    assert service.state.probe_suspect == set()
+    (line,) = [e for e in logs if e["event"] == "probe_inconclusive"]  # once, not per window
+    assert (line["host"], line["rail"], line["hca"], line["port"]) == ("gpu003", 0, "mlx5_0", 1)
+    assert not [e for e in logs if e["event"] == "probe_verdict"]
+    wall = time.time()
+    (row,) = service.probe_verdicts(now=t0 + 3)
+    assert row["age_s"] == 3.0 and abs(row["since"] - (wall - 3)) < 0.5  # since the first
+    assert (row["kind"], row["subject"], row["host"], row["rail"]) == (
+        "inconclusive",
+        "gpu003/rail0",
+        "gpu003",
+        0,
+    )
+    assert (row["witnesses"], row["lossy"], row["drained"], row["clearing"]) == (8, 2, False, False)
+    assert row["reason"] == (
+        "2 of 4 healthy probers and 0 of 4 reachable targets lose (need 3 witnesses, 60% losing)"
+    )
+    assert _verdict_gauge(service) == {"port": 0, "leaf": 0, "inconclusive": 1}
+    feed(t0 + 2, lambda a, b: False)
+    assert service.probe_verdicts() == [] and service.probe_inconclusive == {}
+    assert _verdict_gauge(service) == {"port": 0, "leaf": 0, "inconclusive": 0}

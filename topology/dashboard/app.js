@@ -8,13 +8,16 @@
 //   api/v1/events           the event timeline (newest first)
 //   api/v1/report           the ledger's report numbers (503: no ledger)
 //   api/v1/stream           server-sent events: "port" recolours a link in place, "resync"
-//                           reloads, port_event / host / plans / health / audit go to the timeline
+//                           reloads, port_event / host / plans / health / audit go to the timeline;
+//                           a health "probe_verdict" on a port marks (clears) it probe-drained
 // Produces: the page. Elements tests and tools can find:
 //   line.link  id "link-<host>-<hca>-<port>"  data-host data-hca data-port data-rail data-su data-shown
+//                                             data-drained="probe" (a probe verdict drains it)
 //   rect.port  id "port-<host>-<hca>-<port>"  (the host end of the same link, same data-*)
 //   rect.leaf  id "leaf-<leaf>"               data-leaf data-rail data-su data-shown (worst link)
 //   rect.cell  id "cell-su<su>-r<rail>"       data-su data-rail data-leaf data-shown (worst)
-//                                             data-up data-hosts ... (aggregate view)
+//                                             data-up data-hosts ... data-drained-probe (count),
+//                                             data-drained="probe" when any (aggregate view)
 //   body data-mode ("detail" | "aggregate"), data-rendered (ms from navigation start to the
 //   first complete fabric picture), data-renders (pictures drawn), data-stream (open | error)
 // Every text from the API goes through textContent / setAttribute: never innerHTML.
@@ -54,6 +57,7 @@
     pending: [],
     renders: 0,
     offline: new Set(),
+    probeDrained: new Set(), // "host/hca/port" of ports a probe verdict drains (drained_by "probe")
   };
 
   // ---------- small DOM helpers (text only through textContent) ----------
@@ -186,6 +190,28 @@
     if (cell) cell.setAttribute("data-shown", shown);
   }
 
+  // Mark (or clear) one port as drained by a probe verdict: its link and port elements.
+  function setProbeDrained(key, drained) {
+    if (drained) S.probeDrained.add(key);
+    else S.probeDrained.delete(key);
+    const info = S.ports.get(key);
+    if (!info) return;
+    for (const id of [linkId(info.host, info.hca, info.port), portElId(info.host, info.hca, info.port)]) {
+      const e = $(id);
+      if (!e) continue;
+      if (drained) e.setAttribute("data-drained", "probe");
+      else e.removeAttribute("data-drained");
+    }
+    if (S.mode === "detail") scheduleLegend();
+  }
+
+  // The port of ``host`` on ``rail`` ("host/hca/port"; null: not in the fabric).
+  function portOnRail(host, rail) {
+    const info = S.hostInfo.get(host);
+    const hca = info && (info.hcas || []).find((x) => x.rail === rail);
+    return hca ? portKey(host, hca.hca, hca.port) : null;
+  }
+
   // ---------- legend ----------
   let legendTimer = null;
   function scheduleLegend() {
@@ -200,6 +226,10 @@
         h("span", null, LABEL[k]),
         h("span", { class: "count", id: "count-" + k })));
     }
+    ul.append(h("li", { "data-drained": "probe" },
+      h("span", { class: "swatch" }),
+      h("span", null, "drained by probes"),
+      h("span", { class: "count", id: "count-probe-drained" })));
   }
   function drawLegendCounts() {
     if (!S.totals) return;
@@ -207,6 +237,9 @@
       const e = $("count-" + k);
       if (e) e.textContent = fmtNum(S.totals[k] || 0);
     }
+    const drained = S.mode === "aggregate" && S.summary
+      ? ((S.summary.drained || {}).probe || 0) : S.probeDrained.size;
+    $("count-probe-drained").textContent = fmtNum(drained);
   }
 
   // ---------- layout ----------
@@ -287,6 +320,7 @@
         const data = {
           "data-host": host.host, "data-hca": hca.hca, "data-port": hca.port,
           "data-rail": hca.rail, "data-su": su, "data-shown": shown,
+          "data-drained": S.probeDrained.has(key) ? "probe" : null,
         };
         const lx = leafX.get(hca.rail);
         if (lx !== undefined) {
@@ -362,6 +396,9 @@
         "data-shown": worstOf(counts),
       };
       for (const k of SHOWN) attrs["data-" + k.replace("_", "-")] = counts[k];
+      const probe = probeDrainedOf(c);
+      attrs["data-drained-probe"] = probe;
+      if (probe) attrs["data-drained"] = "probe";
       const rect = title(s("rect", attrs), cellTitle(c, counts));
       rect.addEventListener("click", () => drill(su));
       g.append(rect);
@@ -379,8 +416,11 @@
     return { g, w: innerW + 2 * pad, h: yBar + barH + 2 };
   }
 
+  const probeDrainedOf = (c) => (c.drained && c.drained.probe) || 0;
+
   function cellTitle(c, counts) {
     const parts = SHOWN.filter((k) => counts[k]).map((k) => `${LABEL[k]} ${counts[k]}`);
+    if (probeDrainedOf(c)) parts.push(`drained by probes ${probeDrainedOf(c)}`);
     return `leaf ${c.leaf} (SU ${c.su}, rail ${c.rail}), ${c.hosts} hosts: ${parts.join(", ") || "no ports"}`;
   }
 
@@ -390,6 +430,9 @@
     const counts = Object.assign(emptyCounts(), c.counts || {});
     rect.setAttribute("data-shown", worstOf(counts));
     for (const k of SHOWN) rect.setAttribute("data-" + k.replace("_", "-"), counts[k]);
+    rect.setAttribute("data-drained-probe", probeDrainedOf(c));
+    if (probeDrainedOf(c)) rect.setAttribute("data-drained", "probe");
+    else rect.removeAttribute("data-drained");
     const t = rect.querySelector("title");
     if (t) t.textContent = cellTitle(c, counts);
     const label = $(cellId(c.su, c.rail) + "-n");
@@ -445,6 +488,8 @@
       const shown = shownOf(st);
       learnRate(st, shown);
       const key = portKey(st.host, st.hca, st.port);
+      if (st.drained_by === "probe") S.probeDrained.add(key);
+      else S.probeDrained.delete(key);
       const info = S.ports.get(key);
       if (!info) continue;
       const lc = S.leafCounts.get(info.leaf);
@@ -558,6 +603,7 @@
     document.body.dataset.mode = S.mode;
     S.shown = new Map();
     S.leafCounts = new Map();
+    S.probeDrained = new Set();
     if (S.mode === "detail") {
       loadPortStates(fabric.hosts || [], await fetchPorts(""));
       renderDetail();
@@ -608,10 +654,11 @@
     const hcaRows = (doc.hcas || []).map((x) => {
       const st = x.state || {};
       const d = st.damping || {};
-      return h("tr", { "data-hca": x.hca, "data-shown": x.shown },
+      return h("tr", { "data-hca": x.hca, "data-shown": x.shown, "data-drained": x.drained_by ?? null },
         h("td", null, `${x.hca}/${x.port}`), h("td", { class: "num" }, x.rail),
         h("td", null, x.leaf ?? ""), h("td", null, x.netdev ?? ""),
-        h("td", null, h("span", { class: "badge", "data-shown": x.shown }, LABEL[x.shown] || String(x.shown))),
+        h("td", null, h("span", { class: "badge", "data-shown": x.shown }, LABEL[x.shown] || String(x.shown)),
+          x.drained_by === "probe" ? h("span", { class: "badge", "data-drained": "probe" }, "drained by probes") : null),
         h("td", { class: "num" }, st.rate_gbps != null ? `${fmtNum(st.rate_gbps)}` : ""),
         h("td", { class: "num" }, d.flaps != null ? fmtNum(d.flaps) : ""),
         h("td", null, st.reason ?? ""));
@@ -668,6 +715,11 @@
     if (ev.kind === "plans") {
       const n = Array.isArray(d.hosts) ? d.hosts.length : d.hosts;
       return `epoch ${d.epoch ?? "?"}: ${n ?? "?"} hosts re-planned` + (d.solve_ms != null ? `, solve ${d.solve_ms} ms` : "");
+    }
+    if (ev.kind === "health" && d.probe_verdict && typeof d.probe_verdict === "object") {
+      const v = d.probe_verdict;
+      return `probe verdict ${v.kind} ${v.subject} ${v.state} (${v.lossy}/${v.witnesses} lossy)` +
+        (v.effect && v.effect !== "logged" ? `: ${v.effect.replace("_", " ")}` : "");
     }
     if (ev.kind === "health" && Array.isArray(d.degraded_rails)) {
       return d.degraded_rails.length ? `degraded rails ${d.degraded_rails.join(", ")}` : "no degraded rails";
@@ -868,6 +920,14 @@
       if (S.selectedHost && Array.isArray(d.hosts) && d.hosts.includes(S.selectedHost)) scheduleHost(S.selectedHost);
     } else if (kind === "ack") {
       scheduleHost(d.host);
+    } else if (kind === "health" && d.probe_verdict && typeof d.probe_verdict === "object") {
+      const v = d.probe_verdict;
+      const key = v.kind === "port" ? portOnRail(v.host, v.rail) : null;
+      if (key && (v.effect === "rail_unusable" || v.effect === "rail_usable")) {
+        setProbeDrained(key, v.effect === "rail_unusable");
+        if (S.mode === "aggregate") scheduleSummary();
+        scheduleHost(v.host);
+      }
     }
     if (TIMELINE_KINDS.includes(kind)) addLiveEvent(change);
   }
