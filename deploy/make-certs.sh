@@ -9,7 +9,10 @@
 #   -o OUTDIR        where everything goes (created, mode 0700); required
 #   -b BROKER_NAME   a name agents use to reach the broker (DNS name or IP address), put in
 #                    the broker certificate's subjectAltName next to localhost and 127.0.0.1;
-#                    repeatable (e.g. -b mqtt.mgmt.example -b 10.0.0.5)
+#                    repeatable (e.g. -b mqtt.mgmt.example -b 10.0.0.5); a DNS name is
+#                    dot-separated labels of letters, digits and '-' (1-63 each, no '-' first
+#                    or last; 253 at most), an IPv4 address four numbers 0-255, an IPv6
+#                    address hex digits and ':'; anything else is refused
 #   -f HOSTS_FILE    GPU host names, one a line (blank lines and # comments ignored); each is
 #                    also the host's MQTT user name and must equal the agent's `host` setting
 #   -c               also make a client certificate per user (CN = user name), for brokers
@@ -79,6 +82,26 @@ for h in "${hosts[@]}"; do
 done
 for u in "$service_user" "$operator_user"; do
     [[ $u =~ $name_ok ]] || die "user name '$u': use letters, digits, '.', '_' or '-'"
+done
+# A broker name goes into the certificate's subjectAltName as an IP address or a DNS name
+# (RFC 1123 host name labels; RFC 5280 4.2.1.6), and it must be what bus.host says.
+octet='(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])'
+ipv4="^$octet(\.$octet){3}\$"
+label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?'
+dns="^$label(\.$label)*\$"
+for b in "${brokers[@]}"; do
+    if [[ $b == *:* ]]; then # IPv6: hex groups and colons (an IPv4 tail allowed), one '::'
+        colons=${b//[^:]/}
+        rest=${b#*::}
+        [[ $b =~ ^[0-9A-Fa-f:.]+$ && ${#colons} -ge 2 && ${#colons} -le 7 &&
+            $rest != *::* ]] ||
+            die "broker name '$b' is not an IPv6 address (hex groups separated by ':')"
+    elif [[ $b =~ ^[0-9.]+$ ]]; then
+        [[ $b =~ $ipv4 ]] || die "broker name '$b' is not an IPv4 address (four numbers 0-255)"
+    elif ! [[ $b =~ $dns && ${#b} -le 253 ]]; then
+        die "broker name '$b' is not a DNS name: dot-separated labels of letters, digits" \
+            "and '-' (1-63 characters each, not starting or ending with '-'), 253 at most"
+    fi
 done
 # de-duplicate, keeping the first occurrence
 declare -A seen=()

@@ -65,7 +65,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinities are refused in every section ("must be a finite number"), before any
+    # bound is checked: NaN compares false with every bound and would otherwise pass ge/le
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class BusSettings(_Section):
@@ -302,8 +304,9 @@ class PortConfig(_Section):
         None,
         gt=0,
         le=100_000,
-        description="the rate (Gb/s) this port must come back at from hold-down to be used "
-        "again; below it the port is degraded (None: the rate it had while last up)",
+        description="the rate (Gb/s) this port must run at to be used, while up and when it "
+        "comes back from hold-down; below it the port is degraded (None: the highest rate "
+        "read while up)",
     )
 
 
@@ -436,15 +439,33 @@ class ApiSettings(_Section):
         return v
 
 
+#: UDP port of udp-mode probes (linkguard.agent.probe.DEFAULT_UDP_PORT)
+PROBE_UDP_PORT = 47_910
+#: UDP port of roce-mode probes: RoCEv2's (IANA "roce", 4791; linkguard.agent.probe)
+PROBE_ROCE_PORT = 4791
+
+
 class ProbeRunSettings(_Section):
     """Per-rail probes (``probes:`` of the agent and the service; issue 8). Off by default.
     The service plans who probes whom (:mod:`linkguard.topology.probeplan`) every ``epoch_s``
     and localises faults from the agents' reports (:mod:`linkguard.topology.localize`); the
-    agent probes (:mod:`linkguard.agent.probe`) and reports every ``window_s``."""
+    agent probes (:mod:`linkguard.agent.probe`) and reports every ``window_s``.
+
+    ``port`` not given: :data:`PROBE_UDP_PORT` (47910) in ``udp`` mode, :data:`PROBE_ROCE_PORT`
+    (4791, RoCEv2's) in ``roce`` mode. Raises ``pydantic.ValidationError`` (naming both
+    settings and their values) for settings that would switch localisation off:
+    ``min_samples > window_s * rate_pps`` (no pair ever gets enough probes in a window),
+    ``min_probers > fan_out`` (never enough witnesses), ``timeout_s > window_s``,
+    ``window_s > epoch_s``; and for ``fan_out * rate_pps > 16`` or ``cross_su > fan_out``."""
 
     enabled: bool = Field(False, description="probe rails and act on localised faults")
     mode: Literal["udp", "roce"] = Field("udp", description="udp on RoCE NICs (see probe.py)")
-    port: int = Field(47_910, ge=1, le=65535, description="UDP port (roce mode: 4791)")
+    port: int = Field(
+        PROBE_UDP_PORT,
+        ge=1,
+        le=65535,
+        description="UDP port; not given: 47910 in udp mode, 4791 (RoCEv2) in roce mode",
+    )
     fan_out: int = Field(4, ge=1, le=16, description="peers probed per (host, rail)")
     cross_su: int = Field(2, ge=0, le=16, description="of fan_out, on other SUs' leaves")
     rate_pps: float = Field(1.0, gt=0, le=16, description="probes/s to each peer")
@@ -465,6 +486,40 @@ class ProbeRunSettings(_Section):
             )
         if self.cross_su > self.fan_out:
             raise ValueError(f"cross_su {self.cross_su} > fan_out {self.fan_out}")
+        return self
+
+    @model_validator(mode="after")
+    def _localisable(self) -> ProbeRunSettings:
+        # settings that pass every bound of their own but leave the localiser nothing to use
+        per_window = self.window_s * self.rate_pps
+        if self.min_samples > per_window:
+            raise ValueError(
+                f"min_samples {self.min_samples} > window_s {self.window_s:g} x rate_pps "
+                f"{self.rate_pps:g} = {per_window:g} probes a pair gets per report window: "
+                "no pair would ever count and nothing would be localised; lower min_samples "
+                "or raise window_s or rate_pps"
+            )
+        if self.min_probers > self.fan_out:
+            raise ValueError(
+                f"min_probers {self.min_probers} > fan_out {self.fan_out}: a port has about "
+                "fan_out probers and targets, so no verdict could get min_probers witnesses"
+            )
+        if self.timeout_s > self.window_s:
+            raise ValueError(
+                f"timeout_s {self.timeout_s:g} > window_s {self.window_s:g}: a probe must be "
+                "answered or counted lost within the report window it was sent in"
+            )
+        if self.window_s > self.epoch_s:
+            raise ValueError(
+                f"window_s {self.window_s:g} > epoch_s {self.epoch_s:g}: the probe plan would "
+                "rotate before a report window ends"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _port_of_mode(self) -> ProbeRunSettings:
+        if "port" not in self.model_fields_set and self.mode == "roce":
+            self.port = PROBE_ROCE_PORT  # RoCEv2's port unless the user gave one
         return self
 
 
@@ -702,7 +757,7 @@ class AgentSettings(_Base):
     """``linkguard agent``: one per GPU host."""
 
     model_config = SettingsConfigDict(
-        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
     )
 
     host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
@@ -880,7 +935,7 @@ class ServiceSettings(_Base):
     """``linkguard topology serve``."""
 
     model_config = SettingsConfigDict(
-        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
     )
 
     fabric: Path | None = Field(None, description="fabric file (JSON/YAML); None = generate")
@@ -1146,6 +1201,8 @@ def _error_text(e: Any) -> str:
     """One pydantic error as ``loc: message`` (a model-level error without ``loc``; a
     validator's ValueError without pydantic's ``Value error, `` prefix)."""
     msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "finite_number":  # NaN or an infinity (YAML .nan/.inf, env nan/inf)
+        msg = "must be a finite number"
     loc = ".".join(str(p) for p in e["loc"])
     return f"{loc}: {msg}" if loc else msg
 

@@ -675,7 +675,8 @@ class ServiceMetrics:
             _counter(
                 "linkguard_messages_dropped",
                 "Bus messages dropped, by reason (not_json, invalid, oversized, wrong_host, "
-                "wrong_port, ...; signed plans: foreign, unsigned, unknown_key, bad_signature)",
+                "wrong_port, ...; probe reports: unknown_probe_port, unassigned_probe_pair, "
+                "stale_probe_epoch; signed plans: foreign, unsigned, unknown_key, bad_signature)",
                 dict(svc.dropped),
             ),
             audit,

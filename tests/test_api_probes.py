@@ -151,6 +151,7 @@ async def test_a_probe_drained_port_and_its_verdict_in_every_view() -> None:
             ["target", "prober"],
             True,
         )
+        assert v["reason"] is None  # a raised verdict has no reason: null, not ""
         only_leaf = await _get(client, "/api/v1/probes/verdicts", kind="leaf")
         assert only_leaf["verdicts"] == [] and only_leaf["counts"]["port"] == 1
         other = await _get(client, "/api/v1/probes/verdicts", host="gpu000")
@@ -200,6 +201,23 @@ async def test_bad_probe_parameters_get_a_clear_4xx_and_probes_off_list_nothing(
             assert r.json()["detail"][0]["loc"][-1] in ("drained_by", "kind")
         r = await client.get("/api/v1/probes/verdicts", params={"host": "nobody"})
         assert r.status_code == 404 and "nobody" in r.json()["detail"]
+        # an empty host is a bad parameter, not an unknown host
+        for path in ("/api/v1/ports", "/api/v1/probes/verdicts", "/api/v1/events"):
+            r = await client.get(f"{path}?host=")
+            assert r.status_code == 422, (path, r.text)
+            (err,) = r.json()["detail"]
+            assert err["loc"] == ["query", "host"] and err["type"] == "string_too_short"
+        # a filter given twice is refused, not "the last one wins"
+        r = await client.get("/api/v1/ports?drained_by=agent&drained_by=probe")
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"] == (
+            "query parameter(s) given more than once: 'drained_by' (2 times); give each once "
+            "(every filter takes one value)"
+        )
+        r = await client.get("/api/v1/probes/verdicts?kind=port&host=gpu000&kind=leaf&kind=port")
+        assert r.status_code == 422 and "'kind' (3 times)" in r.json()["detail"], r.text
+        once = await _get(client, "/api/v1/ports", drained_by="agent", rail=1)
+        assert [(p["host"], p["rail"]) for p in once["ports"]] == [SICK]
     settings = ServiceSettings(startup_settle_s=0, api={"enabled": True, "port": 0})
     async with _running_core(settings) as (service, _agents):
         await until(lambda: service.api_port, "the API listening")

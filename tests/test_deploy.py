@@ -997,3 +997,67 @@ def test_processes_stay_inside_the_units_filters(lab: dict[str, Any]) -> None:
         assert families <= allowed_families, f"{unit}: {sorted(families - allowed_families)}"
     assert "AF_NETLINK" in runs["agent"][1]
     assert _has_event(lab["work"] / "agent-traced.log", "agent_withdrew_routes")
+
+
+# -- make-certs.sh: names checked before anything is made --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-b", "bad name!"], "broker name 'bad name!' is not a DNS name"),
+        (["-b", "-mqtt.example"], "broker name '-mqtt.example' is not a DNS name"),
+        (["-b", "mqtt_1.example"], "broker name 'mqtt_1.example' is not a DNS name"),
+        (["-b", "a" * 64 + ".example"], f"broker name '{'a' * 64}.example' is not a DNS name"),
+        (["-b", "mqtt..example"], "broker name 'mqtt..example' is not a DNS name"),
+        (["-b", ""], "broker name '' is not a DNS name"),
+        (["-b", "10.0.0.256"], "broker name '10.0.0.256' is not an IPv4 address"),
+        (["-b", "10.0.0"], "broker name '10.0.0' is not an IPv4 address"),
+        (["-b", "fe80::1::2"], "broker name 'fe80::1::2' is not an IPv6 address"),
+        (["bad name!"], "host name 'bad name!': use letters, digits"),
+        (["gpu/001"], "host name 'gpu/001': use letters, digits"),
+        (["-s", "svc user"], "user name 'svc user': use letters, digits"),
+    ],
+)
+def test_make_certs_refuses_bad_names(args: list[str], message: str, tmp_path: Path) -> None:
+    require_binary("openssl")
+    out = tmp_path / "certs"
+    r = subprocess.run(
+        ["bash", str(DEPLOY / "make-certs.sh"), "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"make-certs.sh: {message}"), r.stderr
+    assert not out.exists()  # refused before anything was made
+
+
+def test_make_certs_puts_good_broker_names_in_the_certificate(tmp_path: Path) -> None:
+    openssl = require_binary("openssl")
+    out = tmp_path / "certs"
+    names = ["mqtt.mgmt.example", "broker-1", "10.0.0.5", "fd00::5"]
+    subprocess.run(
+        ["bash", str(DEPLOY / "make-certs.sh"), "-o", str(out)]
+        + [a for n in names for a in ("-b", n)]
+        + ["gpu001"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    text = subprocess.run(
+        [openssl, "x509", "-in", str(out / "broker.crt"), "-noout", "-ext", "subjectAltName"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    san = {s.strip() for s in text.splitlines()[1].split(",")}
+    assert san == {
+        "DNS:localhost",
+        "IP Address:127.0.0.1",
+        "DNS:mqtt.mgmt.example",
+        "DNS:broker-1",
+        "IP Address:10.0.0.5",
+        "IP Address:FD00:0:0:0:0:0:0:5",
+    }

@@ -196,9 +196,9 @@ def test_two_rails_down_on_one_host(host: Host) -> None:
 
 def test_a_port_that_came_back_slower_is_left_out(host: Host) -> None:
     host.set(5, rate_gbps=200.0)  # retrained at half rate (e.g. 2 of 4 lanes)
-    assert host.status(5) == PortStatus.UP  # the monitor and the routing plan still use it
+    assert host.status(5) == PortStatus.DEGRADED  # the monitor drains it too: one signal
     plan = host.plan()
-    assert 5 in {a.rail for a in plan.rail_assignments}
+    assert 5 not in {a.rail for a in plan.rail_assignments}
     r = render(host.inv, host.states(), plan)
     assert r.env == {
         "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_6:1,mlx5_7:1"
@@ -486,7 +486,7 @@ async def test_cli_host_against_the_service_api_matches_the_agents_files(
             await until(lambda: fleet.service.state.epoch > epoch, "the rail back", 10)
             await fleet.wait_all_acked(epoch + 1)
             await until(lambda: healthy in agent_env.read_text(), "all four again", 10)
-            # rail 1 comes back at half its cable's rate: NCCL leaves it out, routing keeps it
+            # rail 1 comes back at half its cable's rate: NCCL leaves it out, the agent drains it
             fleet.sources[victim].set("mlx5_1", 1, rate_gbps=200.0)
             slow = "NCCL_IB_HCA==mlx5_0:1,mlx5_2:1,mlx5_3:1\n"
             await until(lambda: slow in agent_env.read_text(), "the agent's degraded view", 10)

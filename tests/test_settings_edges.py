@@ -4,6 +4,7 @@ with exit 2 and a message that names the fix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,149 @@ def test_before_logging_is_configured_the_events_go_to_stderr_in_the_settings_fo
     assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == [
         "unknown_env_setting"
     ]
+
+
+# -- settings that passed their own bounds but switched a feature off -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("probes", "message"),
+    [
+        (
+            "{min_samples: 50}",
+            "probes: min_samples 50 > window_s 10 x rate_pps 1 = 10 probes a pair gets per "
+            "report window",
+        ),
+        ("{min_samples: 3, window_s: 1, rate_pps: 2}", "min_samples 3 > window_s 1 x rate_pps 2"),
+        ("{min_probers: 5}", "probes: min_probers 5 > fan_out 4"),
+        ("{min_probers: 3, fan_out: 2, cross_su: 1}", "min_probers 3 > fan_out 2"),
+        ("{timeout_s: 20, min_samples: 5}", "probes: timeout_s 20 > window_s 10"),
+        ("{window_s: 600, epoch_s: 300}", "probes: window_s 600 > epoch_s 300"),
+    ],
+)
+def test_probe_settings_that_switch_localisation_off_are_refused(
+    probes: str, message: str, tmp_path: Path
+) -> None:
+    for cls in (ServiceSettings, AgentSettings):
+        with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+            load_settings(cls, _yaml(tmp_path, f"probes: {probes}\n"))
+
+
+def test_probe_settings_at_their_bounds_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "probes: {min_samples: 10, min_probers: 4, timeout_s: 10, window_s: 10, epoch_s: 10}\n"
+    p = load_settings(ServiceSettings, _yaml(tmp_path, text)).probes
+    assert (p.min_samples, p.min_probers, p.timeout_s, p.window_s, p.epoch_s) == (
+        10,
+        4,
+        10.0,
+        10.0,
+        10.0,
+    )
+    monkeypatch.setenv("LINKGUARD_PROBES__MIN_PROBERS", "5")  # the environment: the same check
+    with pytest.raises(ConfigError, match="min_probers 5 > fan_out 4"):
+        load_settings(ServiceSettings)
+
+
+def test_the_probe_port_follows_the_mode_unless_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ServiceSettings().probes.port == 47_910
+    assert (
+        load_settings(ServiceSettings, _yaml(tmp_path, "probes: {mode: roce}\n")).probes.port
+        == 4791
+    )
+    given = load_settings(ServiceSettings, _yaml(tmp_path, "probes: {mode: roce, port: 47911}\n"))
+    assert (given.probes.mode, given.probes.port) == ("roce", 47_911)
+    udp = load_settings(ServiceSettings, _yaml(tmp_path, "probes: {mode: udp}\n"))
+    assert udp.probes.port == 47_910
+    monkeypatch.setenv("LINKGUARD_PROBES__MODE", "roce")
+    assert load_settings(ServiceSettings).probes.port == 4791
+
+
+def test_a_counter_window_shorter_than_five_readings_is_refused(tmp_path: Path) -> None:
+    from linkguard.agent.health import CounterHealthPolicy
+
+    with pytest.raises(ConfigError, match=r"counter_health\.window_s: 0\.5 s is too short"):
+        load_settings(AgentSettings, _yaml(tmp_path, "counter_health: {window_s: 0.5}\n"))
+    with pytest.raises(ConfigError, match="give window_s >= 5"):
+        load_settings(AgentSettings, _yaml(tmp_path, "counter_health: {window_s: 4.9}\n"))
+    s = load_settings(AgentSettings, _yaml(tmp_path, "counter_health: {window_s: 5}\n"))
+    assert s.counter_health.window_s == 5.0
+    # a 5 s window sees the once-a-second readings: 60 errors within it drain the port
+    policy = CounterHealthPolicy(window_s=5, thresholds={"symbol_error": {"degrade": 50}})
+    assert _readings(policy, [60])
+    assert not _readings(policy, [30])
+
+
+@pytest.mark.parametrize("value", ["true", "false", "50.5", "'x'"])
+def test_a_threshold_that_is_not_a_whole_number_is_refused_from_yaml_and_env(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _yaml(
+        tmp_path, f"counter_health: {{thresholds: {{symbol_error: {{degrade: {value}}}}}}}\n"
+    )
+    where = r"counter_health\.thresholds\.symbol_error\.degrade: must be a whole number"
+    with pytest.raises(ConfigError, match=where):
+        load_settings(AgentSettings, cfg)
+    monkeypatch.setenv(
+        "LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__DEGRADE", value.strip("'")
+    )
+    with pytest.raises(ConfigError, match=where):
+        load_settings(AgentSettings)
+
+
+def test_a_whole_threshold_still_loads_from_yaml_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _yaml(tmp_path, "counter_health: {thresholds: {link_downed: {degrade: 1, clear: 0}}}\n")
+    t = load_settings(AgentSettings, cfg).counter_health.thresholds["link_downed"]
+    assert (t.degrade, t.clear) == (1, 0)
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__LINK_DOWNED__DEGRADE", "3")
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__LINK_DOWNED__CLEAR", "1")
+    t = load_settings(AgentSettings).counter_health.thresholds["link_downed"]
+    assert (t.degrade, t.clear) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    ("cls", "yaml_text", "env", "field"),
+    [
+        (AgentSettings, "poll_interval_ms: .nan", "POLL_INTERVAL_MS", "poll_interval_ms"),
+        (
+            AgentSettings,
+            "counter_health: {window_s: .nan}",
+            "COUNTER_HEALTH__WINDOW_S",
+            "counter_health.window_s",
+        ),
+        (
+            AgentSettings,
+            "counter_health: {clear_after_s: .inf}",
+            "COUNTER_HEALTH__CLEAR_AFTER_S",
+            "counter_health.clear_after_s",
+        ),
+        (ServiceSettings, "debounce_ms: -.inf", "DEBOUNCE_MS", "debounce_ms"),
+        (ServiceSettings, "probes: {rate_pps: .nan}", "PROBES__RATE_PPS", "probes.rate_pps"),
+        (
+            ServiceSettings,
+            "offline: {max_fraction: .nan}",
+            "OFFLINE__MAX_FRACTION",
+            "offline.max_fraction",
+        ),
+        (
+            ServiceSettings,
+            "ledger: {retention_days: .inf}",
+            "LEDGER__RETENTION_DAYS",
+            "ledger.retention_days",
+        ),
+    ],
+)
+def test_non_finite_numbers_say_so_not_a_bound(
+    cls: type, yaml_text: str, env: str, field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = re.escape(field) + ": must be a finite number"
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cls, _yaml(tmp_path, yaml_text + "\n"))
+    monkeypatch.setenv(f"LINKGUARD_{env}", "nan")
+    with pytest.raises(ConfigError, match=message):
+        load_settings(cls)

@@ -12,9 +12,10 @@ state-changing call (``PUT /api/v1/faults``, bearer token), the dashboard's file
 (``topology/dashboard/``: ``/`` and ``/dashboard/{file}``), Prometheus metrics (``/metrics``,
 from :mod:`linkguard.metrics`) and FastAPI's OpenAPI schema (``/openapi.json``, ``/docs``).
 
-Bad query parameters answer 422 with FastAPI's ``detail`` (which parameter, why), an unknown
-host 404 ``{"detail": ...}``. A 500 is only ever a bug: it is logged as ``api_internal_error``
-and counted in ``app.state.internal_errors``.
+Bad query parameters answer 422 with FastAPI's ``detail`` (which parameter, why): an empty
+``host=`` too, and a parameter given more than once (``?drained_by=agent&drained_by=probe``:
+every filter takes one value); an unknown host 404 ``{"detail": ...}``. A 500 is only ever
+a bug: it is logged as ``api_internal_error`` and counted in ``app.state.internal_errors``.
 
 :class:`ApiServer` serves the app with uvicorn inside the service's event loop (the service
 starts it when ``api.enabled``: :meth:`TopologyService.run
@@ -125,7 +126,9 @@ class ApiBindError(ConfigError):
 # -- query parameter types ---------------------------------------------------------------------
 
 
-HostQ = Annotated[str | None, Query(max_length=253, description="only this host")]
+HostQ = Annotated[
+    str | None, Query(min_length=1, max_length=253, description="only this host (not empty)")
+]
 RailQ = Annotated[int | None, Query(ge=0, le=63, description="only this rail (0..63)")]
 SuQ = Annotated[int | None, Query(ge=0, le=1_000_000, description="only this scalable unit")]
 LimitQ = Annotated[int, Query(ge=1, le=1000, description="page size (1..1000)")]
@@ -291,7 +294,9 @@ class ProbeVerdictRow(BaseModel):
     clearing: bool = Field(description="loss has been low since clearing_since")
     clearing_since: float | None = Field(description="Unix time (s)")
     drained: bool = Field(description="a port verdict whose rail its host's plans avoid")
-    reason: str = Field(description="why an inconclusive verdict is not acted on")
+    reason: str | None = Field(
+        description="why an inconclusive verdict is not acted on; null for port and leaf ones"
+    )
 
 
 class ProbeVerdictsDoc(BaseModel):
@@ -479,7 +484,23 @@ def create_app(service: "TopologyService") -> FastAPI:
     ``app.state.internal_errors`` counts the 500s (bugs); ``app.state.metrics``: the service's
     :class:`~linkguard.metrics.ServiceMetrics` (``service.metrics`` when it has one, else made
     here: create the app before the service runs)."""
+
+    async def one_value_each(request: Request) -> None:
+        # FastAPI keeps the last of a repeated scalar parameter: refuse it instead of guessing
+        counts: dict[str, int] = {}
+        for name, _ in request.query_params.multi_items():
+            counts[name] = counts.get(name, 0) + 1
+        repeated = sorted(n for n, c in counts.items() if c > 1)
+        if repeated:
+            raise HTTPException(
+                422,
+                "query parameter(s) given more than once: "
+                + ", ".join(f"{n[:64]!r} ({counts[n]} times)" for n in repeated[:8])
+                + "; give each once (every filter takes one value)",
+            )
+
     app = FastAPI(
+        dependencies=[Depends(one_value_each)],
         title="linkguard topology service",
         version=__version__,
         description="The fabric, its port states, plans, events and changes, as the topology "
@@ -719,7 +740,7 @@ def create_app(service: "TopologyService") -> FastAPI:
         for r in rows:
             counts[str(r["kind"])] += 1
         shown_rows = [
-            r
+            {**r, "reason": r.get("reason") or None}  # no reason: null, not ""
             for r in rows
             if (kind is None or r["kind"] == kind) and (host is None or r["host"] == host)
         ]

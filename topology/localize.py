@@ -11,11 +11,17 @@ agree (Pingmesh, SIGCOMM 2015; NetBouncer, NSDI 2019):
 
 1. **leaf**: at least ``min_leaf_ports`` ports behind one leaf have evidence, and a
    ``majority`` of them are *dark* (a ``majority`` of the pairs they are part of, either end,
-   lose), and at least ``min_probers`` distinct probers outside the leaf lose to it;
+   lose), and at least ``min_probers`` distinct prober hosts outside the leaf lose to it;
 2. **port as target**: among its probers that reach their other targets (a ``majority`` of those
-   pairs are good), at least ``min_probers`` exist and a ``majority`` lose to it;
+   pairs are good), at least ``min_probers`` hosts exist and a ``majority`` lose to it;
 3. **port as prober**: among its targets that the target's other probers reach, at least
-   ``min_probers`` exist and it loses to a ``majority`` of them.
+   ``min_probers`` hosts exist and it loses to a ``majority`` of them.
+
+A witness is a *host*, not a port: one host's reports are one agent's word, so several of its
+rails probing (or probed by) the same port count once, as lossy when a ``majority`` of its
+pairs there lose. A verdict therefore needs ``min_probers`` hosts that agree (the probe plan
+gives a port at most one prober port per host, all on its rail, so this changes nothing for
+honest reports).
 
 Pairs touching a leaf judged bad are left out of rules 2 and 3. A pair counts only with
 ``sent >= min_samples`` and a window that ended at most ``max_age_s`` before ``now``; a pair is
@@ -85,7 +91,8 @@ class PairResult:
 class Verdict:
     """``kind``: ``port`` (``subject`` a :class:`PortId`), ``leaf`` (a leaf name) or
     ``inconclusive``; ``state``: ``raised`` (new at this update), ``held``, ``cleared`` (this
-    update); ``witnesses``/``lossy``: pairs (or probers) that had evidence / that lost;
+    update); ``witnesses``/``lossy``: distinct hosts that had evidence / that lost (for a leaf:
+    its ports with evidence / dark ones);
     ``seen_as``: for ports, the rules that matched (``target``, ``prober``)."""
 
     kind: Literal["port", "leaf", "inconclusive"]
@@ -188,7 +195,8 @@ class Localizer:
         n = len(w.ports)
         involved = [0] * n  # pairs a port is part of (either end)
         dark_pairs = [0] * n  # of those, lossy
-        outside_lossy: dict[str, set[int]] = defaultdict(set)
+        outside_lossy: dict[str, set[str]] = defaultdict(set)  # per leaf, prober hosts
+        ports = w.ports
         for a, b, bad in zip(w.prober, w.target, w.lossy, strict=True):
             involved[a] += 1
             involved[b] += 1
@@ -196,31 +204,31 @@ class Localizer:
                 dark_pairs[a] += 1
                 dark_pairs[b] += 1
                 if leaf[a] != leaf[b]:
-                    outside_lossy[leaf[b]].add(a)
+                    outside_lossy[leaf[b]].add(ports[a].host)
         ports_by_leaf: dict[str, list[int]] = defaultdict(list)
         for i in range(n):  # ports in order of first appearance
             ports_by_leaf[leaf[i]].append(i)
         bad_leaves: set[str] = set()
-        for lf, ports in ports_by_leaf.items():
-            dark = [i for i in ports if dark_pairs[i] >= s.majority * involved[i]]
+        for lf, behind in ports_by_leaf.items():
+            dark = [i for i in behind if dark_pairs[i] >= s.majority * involved[i]]
             if len(dark) < 2:
                 continue
             witnesses = len(outside_lossy[lf])
             if (
-                len(ports) >= s.min_leaf_ports
-                and len(dark) >= s.majority * len(ports)
+                len(behind) >= s.min_leaf_ports
+                and len(dark) >= s.majority * len(behind)
                 and witnesses >= s.min_probers
             ):
                 bad_leaves.add(lf)
-                found[lf] = Verdict("leaf", lf, "observed", len(ports), len(dark))
+                found[lf] = Verdict("leaf", lf, "observed", len(behind), len(dark))
             else:
                 found[lf] = Verdict(
                     "inconclusive",
                     lf,
                     "observed",
-                    len(ports),
+                    len(behind),
                     len(dark),
-                    reason=f"{len(dark)} of {len(ports)} ports dark, {witnesses} outside "
+                    reason=f"{len(dark)} of {len(behind)} ports dark, {witnesses} outside "
                     f"probers lose (need {s.min_leaf_ports} ports, {s.majority:.0%} dark, "
                     f"{s.min_probers} outside probers)",
                 )
@@ -262,27 +270,38 @@ class Localizer:
             return rest > 0 and rest_good >= s.majority * rest
 
         ports = w.ports
+
+        def by_host(pairs: list[int], other: list[int]) -> tuple[int, int]:
+            """Witness hosts among ``pairs`` (the host of each pair's ``other`` end) and how
+            many of them lose: a host whose pairs there are a ``majority`` lossy."""
+            seen: dict[str, list[int]] = {}
+            for j in pairs:
+                tally = seen.setdefault(ports[other[j]].host, [0, 0])
+                tally[0] += 1
+                tally[1] += lossy[j]
+            return len(seen), sum(1 for n_, bad in seen.values() if bad >= s.majority * n_)
+
         for i in sorted(suspects, key=lambda i: (ports[i].host, ports[i].rail)):
             if not out_n[i] and not in_n[i]:
                 continue  # only in pairs of a bad leaf
             # as target: probers that reach their other targets
             healthy = [j for j in as_target[i] if mostly_good(out_n[pa[j]], out_good[pa[j]], j)]
-            t_lossy = sum(1 for j in healthy if lossy[j])
+            n_healthy, t_lossy = by_host(healthy, pa)  # prober hosts
             # as prober: targets that their other probers reach
             reached = [j for j in as_prober[i] if mostly_good(in_n[pb[j]], in_good[pb[j]], j)]
-            p_lossy = sum(1 for j in reached if lossy[j])
+            n_reached, p_lossy = by_host(reached, pb)  # target hosts
             p = ports[i]
             seen: list[str] = []
-            if len(healthy) >= s.min_probers and t_lossy >= s.majority * len(healthy):
+            if n_healthy >= s.min_probers and t_lossy >= s.majority * n_healthy:
                 seen.append("target")
-            if len(reached) >= s.min_probers and p_lossy >= s.majority * len(reached):
+            if n_reached >= s.min_probers and p_lossy >= s.majority * n_reached:
                 seen.append("prober")
             if seen:
                 found[p] = Verdict(
                     "port",
                     p,
                     "observed",
-                    len(healthy) + len(reached),
+                    n_healthy + n_reached,
                     t_lossy + p_lossy,
                     seen_as=tuple(seen),
                 )
@@ -291,10 +310,10 @@ class Localizer:
                     "inconclusive",
                     p,
                     "observed",
-                    len(healthy) + len(reached),
+                    n_healthy + n_reached,
                     t_lossy + p_lossy,
-                    reason=f"{t_lossy} of {len(healthy)} healthy probers and {p_lossy} of "
-                    f"{len(reached)} reachable targets lose (need {s.min_probers} witnesses, "
+                    reason=f"{t_lossy} of {n_healthy} healthy probers and {p_lossy} of "
+                    f"{n_reached} reachable targets lose (need {s.min_probers} witnesses, "
                     f"{s.majority:.0%} losing)",
                 )
 

@@ -113,6 +113,10 @@ ECHO_WINDOW_S = 10.0
 #: A foreign message on a plan or peer routes topic is answered with the service's own at most
 #: this often per topic (s).
 REISSUE_INTERVAL_S = 1.0
+#: A host's refused probe reports or pairs (``unassigned_probe_pair``, ``stale_probe_epoch``,
+#: ``unknown_probe_port``) are logged at most once per host and reason this often (s); every
+#: one is counted in ``dropped``.
+PROBE_DROP_LOG_S = 60.0
 
 _DECODERS = {
     "port": PortState,
@@ -241,6 +245,12 @@ class TopologyService:
         #: published, the latest result per (prober, target) pair dated by its arrival
         #: (monotonic s), the localiser holding raised verdicts, and reports taken
         self.probe_plan: ProbePlan | None = None
+        #: the plans a report may name by its epoch: the current one and the one before it
+        #: (agents still report on it until the new targets reach them)
+        self.probe_plans: dict[int, ProbePlan] = {}
+        #: per (host, reason) of refused probe pairs: when last logged (monotonic s) and how
+        #: many were refused since (:meth:`_probe_drop`)
+        self._probe_drop_logged: dict[tuple[str, str], tuple[float, int]] = {}
         self.probe_results: dict[tuple[PortId, PortId], PairResult] = {}
         self.localizer: Localizer | None = None
         self.probe_reports = 0
@@ -657,10 +667,19 @@ class TopologyService:
 
     def probe_targets(self, epoch: int) -> list[ProbeTargets]:
         """Every host's :class:`ProbeTargets` of probe plan ``epoch`` (hosts with no port to
-        probe get none); records the plan in :attr:`probe_plan`."""
+        probe get none); records the plan in :attr:`probe_plan` and, with the plan before it
+        (the one published last, else that of ``epoch - 1``), in :attr:`probe_plans`: the
+        pairs reports may carry."""
         cfg = self.settings.probes
         plan_settings, loc_settings = self._probe_settings()
         plan = plan_probes(self.fabric, plan_settings, epoch=epoch)
+        previous = self.probe_plan
+        if previous is None and epoch > 0:
+            previous = plan_probes(self.fabric, plan_settings, epoch=epoch - 1)
+        plans = {plan.epoch: plan}
+        if previous is not None and previous.epoch != epoch:
+            plans[previous.epoch] = previous
+        self.probe_plans = plans
         self.probe_plan = plan
         if self.localizer is None:
             self.localizer = Localizer(leaf_of=plan.leaf, settings=loc_settings)
@@ -708,16 +727,38 @@ class TopologyService:
             await asyncio.sleep(cfg.window_s)
 
     def _on_probe_report(self, report: ProbeReport, *, now: float) -> None:
-        """Keep the pairs of ``report`` as results at ``now`` (monotonic s). A pair naming a
-        port the probe plan does not have is dropped (``unknown_probe_port``)."""
-        plan = self.probe_plan
-        if plan is None:
+        """Keep the pairs of ``report`` as results at ``now`` (monotonic s); ``report.host``
+        is its topic's host (``decode`` refuses another one: ``wrong_host``). Only pairs the
+        service assigned to that host are taken: a report of an epoch other than the current
+        plan's or the one before is dropped whole (``stale_probe_epoch``, one per report); a
+        pair naming a port the fabric does not have is dropped (``unknown_probe_port``), and
+        so is one its plan did not give that host's rail (``unassigned_probe_pair``), one per
+        pair. Without that, one host could report loss from all its rails to any port and be
+        counted as that many witnesses. Refusals are logged per host at most every
+        :data:`PROBE_DROP_LOG_S`."""
+        if self.probe_plan is None:
             return  # no targets published yet: nothing asked for this
+        plan = self.probe_plans.get(report.epoch)
+        if plan is None:
+            self._probe_drop(
+                report.host,
+                "stale_probe_epoch",
+                1,
+                now,
+                epoch=report.epoch,
+                expected=sorted(self.probe_plans),
+            )
+            return
         self.probe_reports += 1
+        unknown: list[str] = []
+        unassigned: list[str] = []
         for pair in report.pairs:
             prober, target = PortId(report.host, pair.rail), PortId(pair.peer_host, pair.peer_rail)
             if prober not in plan.leaf or target not in plan.leaf or prober == target:
-                self.dropped["unknown_probe_port"] += 1
+                unknown.append(f"{prober}->{target}")
+                continue
+            if target not in plan.targets.get(prober, ()):
+                unassigned.append(f"{prober}->{target}")
                 continue
             self.probe_results[(prober, target)] = PairResult(
                 prober,
@@ -729,6 +770,36 @@ class TopologyService:
                 rtt_p50_us=None if pair.rtt_p50_ms is None else pair.rtt_p50_ms * 1000,
                 rtt_p99_us=None if pair.rtt_p99_ms is None else pair.rtt_p99_ms * 1000,
             )
+        for reason, pairs in (
+            ("unknown_probe_port", unknown),
+            ("unassigned_probe_pair", unassigned),
+        ):
+            if pairs:
+                self._probe_drop(
+                    report.host, reason, len(pairs), now, epoch=report.epoch, first=pairs[:4]
+                )
+
+    def _probe_drop(self, host: str, reason: str, n: int, now: float, **detail: object) -> None:
+        """Count ``n`` refused probe pairs (or one report) of ``host`` under ``reason`` in
+        :attr:`dropped`, and log ``message_dropped`` (topic, reason, ``count``: refused since the
+        last line, and ``detail``) unless one went out for this host and reason less than
+        :data:`PROBE_DROP_LOG_S` before ``now`` (monotonic s)."""
+        self.dropped[reason] += n
+        key = (host, reason)
+        last, pending = self._probe_drop_logged.get(key, (None, 0))
+        pending += n
+        if last is not None and now - last < PROBE_DROP_LOG_S:
+            self._probe_drop_logged[key] = (last, pending)
+            return
+        self._probe_drop_logged[key] = (now, 0)
+        log.warning(
+            "message_dropped",
+            topic=topics.probe_report(host),
+            reason=reason,
+            host=host,
+            count=pending,
+            **detail,
+        )
 
     def _fresh_probe_results(self, now: float) -> list[PairResult]:
         """The probe results younger than the localiser's ``max_age_s`` at ``now`` (older ones
@@ -1316,8 +1387,9 @@ class TopologyService:
                 "port_states_missing",
                 hosts=len(missing),
                 first=missing[:10],
-                hint="the broker may have dropped retained messages (raise mosquitto's "
-                "max_queued_messages); these hosts count as whole until their agents refresh",
+                hint="agents just started, or a broker that dropped retained messages to this "
+                "subscriber (Mosquitto: raise max_queued_messages); these hosts count as whole "
+                "until their agents publish",
             )
 
     async def _publish_retained(self, payloads: list[tuple[str, bytes]]) -> None:

@@ -251,6 +251,10 @@ class Agent:
         )
         self._history_path = settings.state_dir / "damping.json"
         self._restore_history()
+        self._health_path = settings.state_dir / "counter_health.json"
+        #: the verdicts last written to ``_health_path`` ("hca/port" -> reason); None: not yet
+        self._health_saved: dict[str, str] | None = None
+        self._restore_health()
         self.applier = Applier(
             host=self.host,
             table=table,
@@ -484,6 +488,57 @@ class Agent:
         restored = self.monitor.restore(doc, now=time.monotonic(), wall=time.time())
         if restored:
             log.info("damping_history_restored", ports=restored)
+
+    def _restore_health(self) -> None:
+        """Counter-health verdicts of the previous run (``state_dir/counter_health.json``,
+        ``{"version": 1, "ports": {"hca/port": {"reason": ..., "since": <Unix s>}}}``): a
+        restart must not clear a port degraded on its error counters. Its clear timer restarts
+        at load (``clear_after_s`` of clean readings after the restart, see
+        :meth:`PortMonitor.restore_health`). A missing file: nothing to restore; an unreadable,
+        corrupt or unknown-version one is logged and the agent starts clean."""
+        try:
+            doc = json.loads(self._health_path.read_text())
+        except FileNotFoundError:
+            self._health_saved = {}  # nothing to write until a port degrades
+            return
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "counter_health_state_unreadable", path=str(self._health_path), error=str(exc)
+            )
+            return
+        version = doc.get("version") if isinstance(doc, dict) else None
+        ports = doc.get("ports") if isinstance(doc, dict) else None
+        if version != _HEALTH_STATE_VERSION or not isinstance(ports, dict):
+            error = (
+                f"unknown version {version!r} (this agent reads {_HEALTH_STATE_VERSION})"
+                if isinstance(doc, dict) and version != _HEALTH_STATE_VERSION
+                else "not a JSON object with a ports object"
+            )
+            log.warning(
+                "counter_health_state_unreadable", path=str(self._health_path), error=error[:200]
+            )
+            return
+        restored = self.monitor.restore_health(ports, now=time.monotonic(), wall=time.time())
+        if restored:
+            log.info("counter_health_restored", ports=restored)
+        if len(restored) == len(ports):  # else rewrite the file without what was ignored
+            self._health_saved = {k: str(ports[k]["reason"]) for k in restored}
+
+    def _save_health(self) -> None:
+        """Write the counter-health verdicts when they changed since the last write."""
+        ports = self.monitor.health_history(now=time.monotonic(), wall=time.time())
+        verdicts = {k: str(v["reason"]) for k, v in ports.items()}
+        if verdicts == self._health_saved:
+            return
+        doc = {"version": _HEALTH_STATE_VERSION, "ports": ports}
+        try:
+            atomic_write(self._health_path, json.dumps(doc), mode=0o600)
+        except OSError as exc:
+            log.warning(
+                "counter_health_state_not_saved", path=str(self._health_path), error=str(exc)
+            )
+            return
+        self._health_saved = verdicts
 
     def _restore_term(self) -> None:
         """The highest term of the previous run: its file, or the restored plan's and peer
@@ -924,6 +979,7 @@ class Agent:
         if out.events:
             self._save_history()
             self._rail_change("port_event")
+        self._save_health()  # written only when a verdict changed (even on a down port)
         if out.events or out.states:
             self._render_nccl()
         self._deadline = out.next_deadline
@@ -971,6 +1027,10 @@ class Agent:
             await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
+
+
+#: format of ``state_dir/counter_health.json`` (:meth:`Agent._restore_health`)
+_HEALTH_STATE_VERSION = 1
 
 
 class _Stopped(Exception):

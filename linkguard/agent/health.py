@@ -34,6 +34,10 @@ Rules:
   Healthy again only after every counter's count has stayed at or below its ``clear``
   threshold for ``clear_after_s`` without a break (hysteresis: a counter hovering around the
   degrade threshold keeps the port degraded instead of flapping the plans).
+* Across an agent restart (:meth:`CounterHealth.degraded_ports` saved,
+  :meth:`CounterHealth.seed` on start): a port degraded before is degraded after, with its
+  reason, and its clear timer restarts: ``clear_after_s`` of clean readings taken after the
+  restart (what the counters did while no agent ran is unknown).
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from linkguard.drivers.counters import CounterBaseline
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
     "FLAP_COUNTERS",
+    "MIN_WINDOW_S",
     "CounterHealth",
     "CounterHealthPolicy",
     "CounterThreshold",
@@ -61,14 +66,34 @@ __all__ = [
 FLAP_COUNTERS = frozenset({"link_downed", "link_error_recovery", "link_down_events_phy"})
 
 
+#: Shortest ``window_s`` (s) of :class:`CounterHealthPolicy`: 5 counter readings (the sysfs
+#: driver re-reads counters every ``counters_interval_s`` = 1 s), so a window sees a rate, not
+#: a single delta; a shorter one would rarely hold more than one reading and degrade nothing.
+MIN_WINDOW_S = 5.0
+
+
 class CounterThreshold(BaseModel):
     """Events per window: ``degrade`` or more drains the port; it comes back once the count
-    stays at or below ``clear`` (< ``degrade``) for the policy's ``clear_after_s``."""
+    stays at or below ``clear`` (< ``degrade``) for the policy's ``clear_after_s``.
+
+    Both are whole numbers, strictly: an int, or a string of digits (the environment's
+    ``..._DEGRADE=50``); a bool (YAML ``true``), a float or anything else raises
+    ``pydantic.ValidationError``, the same from YAML and from the environment."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    degrade: int = Field(ge=1, le=2**32)
-    clear: int = Field(ge=0, le=2**32)
+    degrade: int = Field(ge=1, le=2**32, strict=True)
+    clear: int = Field(ge=0, le=2**32, strict=True)
+
+    @field_validator("degrade", "clear", mode="before")
+    @classmethod
+    def _whole_number(cls, v: object) -> object:
+        if isinstance(v, int) and not isinstance(v, bool):  # YAML true/false: not 1/0 events
+            return v
+        if isinstance(v, str) and v.strip().lstrip("+").isdigit():  # the environment's text
+            return int(v.strip())
+        shown = str(v).lower() if isinstance(v, bool) else repr(v)
+        raise ValueError(f"must be a whole number of events per window, not {shown}")
 
     @model_validator(mode="after")
     def _clear_below(self) -> CounterThreshold:
@@ -133,15 +158,19 @@ class CounterHealthPolicy(BaseModel):
     give only one of the two: ``clear`` alone keeps the default ``degrade``; ``degrade`` alone
     keeps the default ``clear`` when that is below it, else takes ``degrade // 10`` (the
     defaults' 100/10 ratio; 0 below 10). Raises ``pydantic.ValidationError`` for a
-    non-finite/non-positive time, ``clear >= degrade`` (naming the counter), a counter given
+    non-finite/non-positive time, a ``window_s`` under :data:`MIN_WINDOW_S` (5 s: counters are
+    read once a second), a threshold that is not a whole number (a bool included),
+    ``clear >= degrade`` (naming the counter), a counter given
     neither, a counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo must not be
     ignored).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
-    window_s: float = Field(60.0, gt=0, le=86_400)
+    window_s: float = Field(
+        60.0, gt=0, le=86_400, description=f"events counted over this long (s), >= {MIN_WINDOW_S:g}"
+    )
     clear_after_s: float = Field(300.0, gt=0, le=86_400)
     thresholds: dict[str, CounterThreshold] = Field(default_factory=dict, max_length=64)
 
@@ -161,6 +190,18 @@ class CounterHealthPolicy(BaseModel):
                 t = _fill_threshold(name, t)
             filled[name] = t
         return {**data, "thresholds": filled}
+
+    @field_validator("window_s")
+    @classmethod
+    def _whole_readings(cls, v: float) -> float:
+        if v < MIN_WINDOW_S:
+            raise ValueError(
+                f"{v:g} s is too short: counters are read once a second (the sysfs driver's "
+                f"counters_interval_s = 1 s), so a window under {MIN_WINDOW_S:g} s (5 readings) "
+                f"would rarely see a rate and never degrade a port; give window_s >= "
+                f"{MIN_WINDOW_S:g}"
+            )
+        return v
 
     @model_validator(mode="after")
     def _merge_defaults(self) -> CounterHealthPolicy:
@@ -242,6 +283,8 @@ class _PortHealth:
     degraded: bool = False
     reason: str | None = None
     clean_since: float | None = None
+    #: when the port became degraded (monotonic s; seeded: converted from the saved wall time)
+    degraded_at: float | None = None
     #: when the counts, as last seen over ``clear``, fall back to ``clear`` without new errors
     dirty_until: float | None = None
 
@@ -305,6 +348,39 @@ class CounterHealth:
             else:
                 p.seen_flaps.setdefault(name, deque()).append(now)
 
+    def seed(self, key: str, *, reason: str, since: float) -> None:
+        """Start ``key`` degraded with ``reason`` (a verdict saved by the previous agent, see
+        :meth:`degraded_ports`), before its first reading. ``since``: monotonic time (s) at
+        which it became degraded (reported back by :meth:`degraded_ports`, so repeated
+        restarts keep the original time).
+
+        The clear timer restarts: the port is healthy again only after ``clear_after_s`` of
+        clean readings from its first evaluation after the seed (its first reading after the
+        restart); no wall time is needed. Any samples of ``key`` are dropped, and its first
+        reading is a baseline only. A no-op when the policy is disabled (nothing degrades
+        then). Raises ``ValueError`` for an empty or non-string reason, one over 200
+        characters, or a non-finite ``since``.
+        """
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > 200:
+            raise ValueError(f"reason must be a non-empty string of <= 200 chars, got {reason!r}")
+        if not isinstance(since, int | float) or not math.isfinite(since):
+            raise ValueError(f"since must be a finite monotonic time, got {since!r}")
+        if not self.policy.enabled:
+            return
+        self._ports[key] = _PortHealth(degraded=True, reason=reason, degraded_at=float(since))
+
+    def degraded_ports(self) -> dict[str, tuple[str, float]]:
+        """The ports degraded at their last evaluation, the verdicts worth keeping across an
+        agent restart: ``"hca/port"`` -> (reason, monotonic time (s) it became degraded).
+        Empty when the policy is disabled."""
+        if not self.policy.enabled:
+            return {}
+        return {
+            key: (p.reason or "counters", p.degraded_at if p.degraded_at is not None else 0.0)
+            for key, p in self._ports.items()
+            if p.degraded
+        }
+
     def forget(self, key: str) -> None:
         """Drop everything about ``key`` (port removed)."""
         self._baseline.forget(key)
@@ -322,7 +398,7 @@ class CounterHealth:
         dirty = any(c > th[n].clear for n, c in counts.items())
         if over and not p.degraded:  # the reason stays as first seen: no publish per count
             _, name, count = max(over)
-            p.degraded = True
+            p.degraded, p.degraded_at = True, now
             p.reason = f"{name} {count}/{self.policy.window_s:g}s"
         if dirty:
             p.clean_since = None
@@ -335,7 +411,7 @@ class CounterHealth:
             and p.clean_since is not None
             and (now - p.clean_since >= self.policy.clear_after_s)
         ):
-            p.degraded, p.reason = False, None
+            p.degraded, p.reason, p.degraded_at = False, None, None
         if not p.degraded:
             return HealthVerdict(False, None, counts)
         return HealthVerdict(True, p.reason, counts)

@@ -23,7 +23,8 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
 * The first readable observation of a port is UP or DOWN at once (no hold-down at agent start).
 * A port that would be UP is DEGRADED (up, but drained by the service) while
   (a) its error counters are over a threshold (:mod:`linkguard.agent.health`: rates over a
-  window, with hysteresis), or (b) the re-admission check failed. The re-admission check runs
+  window, with hysteresis), (b) the re-admission check failed, or (c) its rate is below its
+  reference (the rate rule while up, below). The re-admission check runs
   once, when a hold-down (or suppression) ends: the port's latest reading (the sysfs driver
   re-reads rate and link layer at most ``counters_interval_s`` = 1 s earlier, the GID table at
   its last state change or re-discovery) is compared with what it had while last UP. A rate
@@ -31,6 +32,13 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
   ``"rate 200 < 400 Gb/s"`` until the rate is back; a changed link layer -> DEGRADED
   ``"link_layer InfiniBand -> Ethernet"`` until it is back (logged); GID indexes that moved are
   logged and published as ``gid_index_changed`` (the port is still re-admitted).
+* The rate rule holds while the port is up too (a retrain too fast for the state poll, or a
+  width/speed downgrade without a visible flap): every reading of a port that would be UP whose
+  rate is below its reference (``expected_rates`` when configured, else the highest rate read
+  while UP; a port's first reading has no learnt reference) makes it DEGRADED with the same
+  reason, ``"rate 200 < 400 Gb/s"``, logged as ``port_rate_below_reference``, and it is UP again
+  at the first reading at or above the reference, as after re-admission (no further
+  hold-down). The reference only learns a higher rate (read while UP): never a lower one.
 * DEGRADED is not an emergency: no fast path (the agent's fast path acts on DOWN only); the
   topology service counts it unusable and re-plans. A DEGRADED port that goes down flaps like
   an UP one.
@@ -312,7 +320,7 @@ class _Port:
     health_reason: str | None = None  # set while the counters are over a threshold
     counted: bool = False  # the latest reading went to counter health as usable
     awaiting_fresh: bool = False  # back with reused counters: the next re-read is a baseline
-    readmit_reason: str | None = None  # set while the re-admission check fails
+    readmit_reason: str | None = None  # set while the re-admission or rate check fails
     ref_rate: float | None = None  # highest rate (Gb/s) read while UP
     admitted_layer: LinkLayer | None = None  # link layer while last UP
     admitted_gids: Mapping[int, str] | None = None  # GID table while last UP
@@ -474,6 +482,49 @@ class PortMonitor:
             restored.append(key)
         return restored
 
+    def health_history(self, *, now: float, wall: float) -> dict[str, dict[str, object]]:
+        """The counter-health verdicts worth keeping across an agent restart: per ``"hca/port"``
+        degraded on its error counters, ``{"reason": "symbol_error 150/60s", "since": <Unix
+        s it became degraded>}``. Ports not degraded on their counters are left out."""
+        off = wall - now
+        return {
+            key: {"reason": reason, "since": since + off}
+            for key, (reason, since) in self._health.degraded_ports().items()
+        }
+
+    def restore_health(
+        self, history: Mapping[str, Mapping[str, object]], *, now: float, wall: float
+    ) -> list[str]:
+        """Take back a :meth:`health_history` saved by the previous agent, before the first
+        reading: a port degraded on its counters when it stopped is DEGRADED, with the same
+        reason, from its first reading on, until ``clear_after_s`` of clean readings taken
+        after the restart (the clear timer restarts at load: the counters of the time no agent
+        ran are unknown; see :meth:`CounterHealth.seed`). A malformed entry is logged and
+        ignored. Returns the ports restored (none when counter health is disabled)."""
+        off = wall - now
+        restored = []
+        for key, h in history.items():
+            try:
+                hca, _, port = key.partition("/")
+                PortRef(host=self.host, hca=hca, port=int(port))
+                since, reason = h.get("since"), h["reason"]
+                if isinstance(since, bool) or not isinstance(since, int | float):
+                    raise ValueError(f"since must be Unix seconds, got {since!r}")
+                if not isinstance(reason, str):
+                    raise ValueError(f"reason must be a string, got {reason!r}"[:200])
+                self._health.seed(key, reason=reason, since=float(since) - off)
+            except (AttributeError, KeyError, TypeError, ValueError, ValidationError) as exc:
+                log.warning(
+                    "counter_health_history_ignored",
+                    host=self.host,
+                    port=str(key)[:100],
+                    error=str(exc)[:200],
+                )
+                continue
+            if self._health.policy.enabled:
+                restored.append(key)
+        return restored
+
     # -- observation --------------------------------------------------------------------------
     def _advance_clock(self, now: float, wall: float) -> float:
         if not math.isfinite(now):
@@ -610,21 +661,27 @@ class PortMonitor:
 
     # -- degraded: counter health and re-admission ----------------------------------------------
     def _up_or_degraded(self, p: _Port, now: float) -> PortStatus:
-        """UP, or DEGRADED while the counters or the re-admission check say so; an UP port's
-        rate, link layer and GID table become the reference for its next re-admission."""
+        """UP, or DEGRADED while the counters, the re-admission check or the rate check say
+        so; an UP port's rate (only upwards), link layer and GID table become the reference
+        for its next re-admission."""
         key = f"{p.hca}/{p.port}"
         health = self._health.evaluate(key, now=now)
         p.health_reason = health.reason if health.degraded else None
         o = p.obs
         if p.readmit_reason is not None and o is not None:
-            ref = self._ref_rate(p)
-            rate_ok = o.rate_gbps is None or ref is None or o.rate_gbps >= ref
             layer_ok = p.admitted_layer is None or p.link_layer == p.admitted_layer
-            if rate_ok and layer_ok:
+            if self._rate_short(p, o) is None and layer_ok:
                 log.info(
                     "port_readmission_recovered", host=self.host, port=key, was=p.readmit_reason
                 )
                 p.readmit_reason = None
+        if p.readmit_reason is None and o is not None:
+            # the rate rule while up: the same check as at re-admission, on every reading
+            p.readmit_reason = self._rate_short(p, o)
+            if p.readmit_reason is not None:
+                log.warning(
+                    "port_rate_below_reference", host=self.host, port=key, reason=p.readmit_reason
+                )
         if p.readmit_reason is not None or p.health_reason is not None:
             return PortStatus.DEGRADED
         if o is not None:
@@ -638,16 +695,22 @@ class PortMonitor:
     def _ref_rate(self, p: _Port) -> float | None:
         return self._expected.get(f"{p.hca}/{p.port}") or p.ref_rate
 
+    def _rate_short(self, p: _Port, o: PortObservation) -> str | None:
+        """``"rate 200 < 400 Gb/s"`` when ``o``'s rate is below the port's reference rate,
+        else None (rate unread, or no reference yet)."""
+        ref = self._ref_rate(p)
+        if o.rate_gbps is not None and ref is not None and o.rate_gbps < ref:
+            return f"rate {o.rate_gbps:g} < {ref:g} Gb/s"
+        return None
+
     def _readmit(self, p: _Port) -> None:
         """Compare the port coming back from hold-down with what it was while last UP (rate,
         link layer, GID table); sets ``readmit_reason`` / ``gid_index_changed`` and logs."""
         o, key = p.obs, f"{p.hca}/{p.port}"
         if o is None:
             return
-        reasons = []
-        ref = self._ref_rate(p)
-        if o.rate_gbps is not None and ref is not None and o.rate_gbps < ref:
-            reasons.append(f"rate {o.rate_gbps:g} < {ref:g} Gb/s")
+        rate_short = self._rate_short(p, o)
+        reasons = [] if rate_short is None else [rate_short]
         if p.admitted_layer is not None and p.link_layer != p.admitted_layer:
             was = p.admitted_layer.value
             now_layer = p.link_layer.value if p.link_layer else None

@@ -300,12 +300,92 @@ def test_back_at_the_same_rate_is_up(gpud: Path) -> None:
 
 
 def test_configured_expected_rate_is_the_bar(gpud: Path) -> None:
-    # the port ran at 200 before the agent started; its configured rate is 400
+    # the port ran at 200 before the agent started; its configured rate is 400: degraded at
+    # its first reading (no hold-down at start), and after a flap back at 200 too
     rig = Rig(gpud, expected_rates={"mlx5_0/1": 400.0})
     rig.write("rate", "200 Gb/sec (2X NDR)")
-    assert rig.read(0.0) == UP  # at start there is no re-admission: no hold-down either
+    assert rig.read(0.0) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
     flap(rig, 1.0, 2.0)
     assert rig.tick(12.0) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(13.0) == UP and rig.state.reason is None
+    assert rig.transitions == [
+        "unknown->degraded",
+        "degraded->down",
+        "down->held_down",
+        "held_down->degraded",
+        "degraded->up",
+    ]
+
+
+# ------------------------------------------------------------- rate drop while the port is up
+
+
+def test_rate_drop_while_active_drains_the_port_until_the_rate_is_back(gpud: Path) -> None:
+    # the tester's case: mlx5_1 (4X NDR, 400 Gb/s) reads 2X NDR while ACTIVE, no flap seen
+    rig = Rig(gpud, hca="mlx5_1")
+    service = FabricState(fabric=generate_rail_optimized(hosts=4, rails=4), epoch_start=1)
+    assert rig.read(0.0) == UP and rig.state.rate_gbps == 400.0
+    service.on_port_state(rig.state)
+    first = service.solve(0.0).full["gpu000"]
+    assert {a.gpu: a.rail for a in first.rail_assignments}[1] == 1  # GPU 1 on mlx5_1
+    rig.write("rate", "200 Gb/sec (2X NDR)")
+    assert rig.read(1.0) == DEGRADED
+    st = rig.state
+    assert (st.reason, st.rate_gbps, st.usable) == ("rate 200 < 400 Gb/s", 200.0, False)
+    assert st.state.value == "ACTIVE" and st.damping.flaps == 0  # not a flap, no hold-down
+    assert service.on_port_state(st) is True  # usability changed: a re-plan is due
+    assert service.unusable() == {"gpu000": frozenset({1})}  # the fabric's rail of mlx5_1
+    plan = service.solve(2.0).full["gpu000"]
+    assert all(a.rail != 1 for a in plan.rail_assignments)  # no GPU on the half-speed NIC
+    assert {a.gpu for a in plan.rail_assignments if a.home_rail == 1} == {1}
+    # the reference does not ratchet down to 200: a minute at 200 stays degraded
+    for t in (2.0, 30.0, 61.0):
+        assert rig.read(t) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
+    rig.write("rate", "400 Gb/sec (4X NDR)")  # retrained to 4 lanes: up at once
+    assert rig.read(62.0) == UP and rig.state.reason is None
+    rig.write("rate", "200 Gb/sec (2X NDR)")  # and again: the bar is still 400
+    assert rig.read(63.0) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
+    assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up", "up->degraded"]
+
+
+def test_rate_drop_while_up_is_measured_against_the_configured_rate(gpud: Path) -> None:
+    # configured 400; a 400 -> 300 drop is below it even though nothing higher was ever read
+    rig = Rig(gpud, hca="mlx5_1", expected_rates={"mlx5_1/1": 400.0})
+    assert rig.read(0.0) == UP
+    rig.write("rate", "300 Gb/sec (3X NDR)")
+    assert rig.read(1.0) == DEGRADED and rig.state.reason == "rate 300 < 400 Gb/s"
+    # a flap while degraded at 300: back at 300 it is still degraded after its hold-down
+    flap(rig, 2.0, 3.0)
+    assert rig.tick(13.0) == DEGRADED and rig.state.reason == "rate 300 < 400 Gb/s"
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(14.0) == UP
+
+
+def test_rate_drop_while_up_on_a_roce_port(gpud: Path) -> None:
+    # the real RoCE LAG port (link_layer Ethernet, 200 Gb/s): the same rule and reason
+    rig = Rig(gpud, hca="mlx5_bond_0")
+    assert rig.read(0.0) == UP and rig.state.link_layer.value == "Ethernet"
+    rig.write("rate", "100 Gb/sec (2X HDR)")
+    assert rig.read(1.0) == DEGRADED and rig.state.reason == "rate 100 < 200 Gb/s"
+    rig.write("rate", "200 Gb/sec (2X NDR)")
+    assert rig.read(2.0) == UP and rig.state.reason is None
+    assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up"]
+
+
+def test_rate_drop_while_degraded_on_counters_adds_to_the_reason(gpud: Path) -> None:
+    rig = Rig(gpud, hca="mlx5_1", health=CounterHealthPolicy(clear_after_s=30))
+    rig.read(0.0)
+    rig.write("counters/symbol_error", "500")
+    assert rig.read(1.0) == DEGRADED and rig.state.reason == "symbol_error 500/60s"
+    rig.write("rate", "200 Gb/sec (2X NDR)")
+    assert rig.read(2.0) == DEGRADED
+    assert rig.state.reason == "rate 200 < 400 Gb/s; symbol_error 500/60s"
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(3.0) == DEGRADED and rig.state.reason == "symbol_error 500/60s"
+    # the errors leave the window at 61 s, 30 s clean: up
+    assert rig.tick(91.0) == UP
+    assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up"]
 
 
 def test_changed_link_layer_stays_out(gpud: Path) -> None:

@@ -222,3 +222,44 @@ def test_a_seen_flap_is_matched_with_one_increment_once() -> None:
     feed(h, 21.0, 4, "link_error_recovery")
     assert feed(h, 22.0, 5, "link_error_recovery").counts == {}  # the flap at 20
     assert feed(h, 23.0, 6, "link_error_recovery").counts == {"link_error_recovery": 1}
+
+
+def test_seeded_verdict_survives_a_restart_and_clears_after_clear_after_s_of_readings() -> None:
+    # the first agent: 150 symbol errors in a minute degrade the port
+    before = CounterHealth()
+    feed(before, 0.0, 0)
+    assert feed(before, 10.0, 150).reason == "symbol_error 150/60s"
+    assert before.degraded_ports() == {K: ("symbol_error 150/60s", 10.0)}
+    # the new agent (its monotonic clock started over) is seeded with what was saved
+    h = CounterHealth()
+    h.seed(K, reason="symbol_error 150/60s", since=-42.0)
+    assert h.degraded_ports() == {K: ("symbol_error 150/60s", -42.0)}
+    assert h.next_deadline(K, now=5.0) is None  # the clear timer waits for a reading
+    v = feed(h, 5.0, 1_000_150)  # first reading: a baseline (no delta), still degraded
+    assert (v.degraded, v.reason, v.counts) == (True, "symbol_error 150/60s", {})
+    assert h.next_deadline(K, now=5.0) == 305.0  # clear_after_s from that first reading
+    assert feed(h, 200.0, 1_000_155).degraded  # 5 errors: at or below clear (10)
+    assert h.evaluate(K, now=304.9).degraded
+    assert not h.evaluate(K, now=305.0).degraded
+    assert h.degraded_ports() == {}
+    # errors after the restart restart the timer, as without a restart
+    h = CounterHealth()
+    h.seed(K, reason="symbol_error 150/60s", since=0.0)
+    feed(h, 5.0, 0)
+    assert feed(h, 100.0, 11).degraded  # 11 > clear: dirty until it leaves the window
+    assert h.evaluate(K, now=405.0).degraded  # the 300 s run from 5 s was broken
+    assert not h.evaluate(K, now=460.0).degraded  # clean from 160 s (100 + 60) + 300
+
+
+def test_seed_validates_and_is_ignored_when_disabled() -> None:
+    h = CounterHealth()
+    for reason in ("", "  ", "x" * 201, None, 5):
+        with pytest.raises(ValueError, match="reason must be"):
+            h.seed(K, reason=reason, since=0.0)  # type: ignore[arg-type]
+    for since in (float("nan"), float("inf"), "1", None):
+        with pytest.raises(ValueError, match="since must be"):
+            h.seed(K, reason="symbol_error 150/60s", since=since)  # type: ignore[arg-type]
+    assert h.degraded_ports() == {}
+    off = CounterHealth(CounterHealthPolicy(enabled=False))
+    off.seed(K, reason="symbol_error 150/60s", since=0.0)
+    assert off.degraded_ports() == {} and not feed(off, 1.0, 0).degraded

@@ -154,6 +154,33 @@ def test_a_leaf_verdict_clears_after_clear_after_s_of_low_loss() -> None:
     assert loc.active == {}
 
 
+def test_one_host_is_one_witness_however_many_of_its_rails_lose() -> None:
+    """8 hosts x 8 rails: gpu000's 8 rails all "lose" to gpu003/rail2 (pairs a plan never
+    gives: one host, 8 prober ports) while its 4 real probers reach it. Counted per port that
+    was 8 of 12 probers losing and a verdict; counted per host it is 1 of 5, not even
+    inconclusive. With one real prober losing too: 2 of 5 hosts, inconclusive."""
+    plan = plan_probes(generate_rail_optimized(hosts=8, rails=8))
+    target = PortId("gpu003", 2)
+    probers = sorted(p for p, ts in plan.targets.items() if target in ts)
+    assert len(probers) == 4 and all(p.host != "gpu000" for p in probers)
+
+    def window(lossy: Callable[[PortId, PortId], bool]) -> list[PairResult]:
+        honest = [
+            PairResult(p, t, 10, 10 if lossy(p, t) else 0, window_end=100)
+            for p, ts in plan.targets.items()
+            for t in ts
+        ]
+        liar = [PairResult(PortId("gpu000", r), target, 10, 10, window_end=100) for r in range(8)]
+        return honest + liar
+
+    assert Localizer(plan.leaf).update(window(lambda p, t: False), now=100) == []
+    vs = Localizer(plan.leaf).update(window(lambda p, t: (p, t) == (probers[0], target)), now=100)
+    assert [(v.kind, v.subject, v.witnesses, v.lossy) for v in vs] == [
+        ("inconclusive", target, 9, 2)  # 5 prober hosts (2 losing) + 4 target hosts
+    ]
+    assert vs[0].reason.startswith("2 of 5 healthy probers and 0 of 4 reachable targets lose")
+
+
 def test_bad_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match=r"lost 11 not in 0\.\.sent"):
         PairResult(X, Y, 10, 11, 0)

@@ -26,11 +26,15 @@ from tests.support import until
 FABRIC = generate_rail_optimized(hosts=8, rails=2)
 HOSTS = FABRIC.host_names
 VICTIM = PortId("gpu003", 0)
+#: fast windows; the smallest that settings accept (min_samples <= window_s x rate_pps,
+#: timeout_s <= window_s, fan_out x rate_pps <= 16)
 PROBES = {
     "enabled": True,
-    "window_s": 0.1,
+    "window_s": 0.25,
+    "rate_pps": 4,
+    "timeout_s": 0.2,
     "epoch_s": 3600,
-    "min_samples": 5,
+    "min_samples": 1,
     "clear_after_s": 0.5,
 }
 
@@ -88,7 +92,7 @@ def _reports(targets: dict[str, ProbeTargets], lossy: Callable[[PortId, PortId],
                     )
                 )
         yield ProbeReport(
-            host=host, epoch=t.epoch, window_end=time.time(), window_s=0.1, pairs=pairs
+            host=host, epoch=t.epoch, window_end=time.time(), window_s=0.25, pairs=pairs
         )
 
 
@@ -135,7 +139,7 @@ async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() 
         await until(lambda: len(_targets(agents)) == len(HOSTS), "every host's probe targets")
         targets = _targets(agents)
         t = targets[VICTIM.host]
-        assert t.mode == "udp" and t.port == 47_910 and t.window_s == 0.1
+        assert t.mode == "udp" and t.port == 47_910 and t.window_s == 0.25
         assert sorted(r.rail for r in t.rails) == [0, 1]
         assert all(len(r.peers) == 4 for tt in targets.values() for r in tt.rails)
         probers = [
@@ -225,7 +229,13 @@ async def test_bad_probe_reports_are_dropped_and_counted() -> None:
     async with _running(_settings()) as (service, agents):
         await until(lambda: len(_targets(agents)) == len(HOSTS), "probe targets")
         h = HOSTS[0]
-        good = ProbeReport(host=h, epoch=0, window_end=1.0, window_s=0.1).model_dump(mode="json")
+        epoch = _targets(agents)[h].epoch
+        (rail0,) = [r for r in _targets(agents)[h].rails if r.rail == 0]
+        assigned = {(p.host, p.rail) for p in rail0.peers}
+        stranger = next(x for x in HOSTS[1:] if (x, 0) not in assigned)  # on rail 0, not given
+        good = ProbeReport(host=h, epoch=epoch, window_end=1.0, window_s=0.1).model_dump(
+            mode="json"
+        )
         bad_pair = {"rail": 0, "peer_host": HOSTS[1], "peer_rail": 0, "sent": 3, "lost": 4}
         nan_rtt = {
             "rail": 0,
@@ -237,14 +247,19 @@ async def test_bad_probe_reports_are_dropped_and_counted() -> None:
         }
         unknown = ProbeReport(
             host=h,
-            epoch=0,
+            epoch=epoch,
             window_end=1.0,
             window_s=0.1,
             pairs=[
                 ProbePair(rail=5, peer_host=HOSTS[1], peer_rail=0, sent=10, lost=0),
                 ProbePair(rail=0, peer_host="nobody", peer_rail=0, sent=10, lost=0),
+                # real ports, but not h's targets: another port of the rail, another rail
+                ProbePair(rail=0, peer_host=stranger, peer_rail=0, sent=10, lost=10),
+                ProbePair(rail=0, peer_host=HOSTS[1], peer_rail=1, sent=10, lost=10),
             ],
         )
+        # two epochs back: neither the plan in force nor the one before it
+        stale = unknown.model_copy(update={"epoch": epoch - 2, "pairs": []})
         payloads = [
             b"{not json",
             json.dumps({**good, "pairs": [bad_pair]}).encode(),
@@ -252,17 +267,32 @@ async def test_bad_probe_reports_are_dropped_and_counted() -> None:
             json.dumps({**good, "window_s": 0}).encode(),
             json.dumps({**good, "host": HOSTS[1]}).encode(),
             encode(unknown),
+            encode(stale),
         ]
-        for p in payloads:
-            assert await agents.publish(topics.probe_report(h), p)
-        await until(lambda: service.dropped["unknown_probe_port"] == 2, "the unknown ports counted")
+        with capture_logs() as logs:
+            for p in payloads:
+                assert await agents.publish(topics.probe_report(h), p)
+            await until(lambda: service.dropped["stale_probe_epoch"] == 1, "the stale report")
         assert service.dropped == {
             "not_json": 1,
             "invalid": 3,
             "wrong_host": 1,
             "unknown_probe_port": 2,
+            "unassigned_probe_pair": 2,
+            "stale_probe_epoch": 1,
         }
         assert service.probe_reports == 1 and service.probe_results == {}
+        lines = {
+            e["reason"]: e
+            for e in logs
+            if e["event"] == "message_dropped" and e["reason"].endswith(("_port", "_pair", "och"))
+        }
+        assert lines["unassigned_probe_pair"]["first"] == [
+            f"{h}/rail0->{stranger}/rail0",
+            f"{h}/rail0->{HOSTS[1]}/rail1",
+        ]
+        assert lines["stale_probe_epoch"]["expected"] == [epoch - 1, epoch]
+        assert {e["host"] for e in lines.values()} == {h}
 
 
 def _core(fabric: Fabric) -> tuple[TopologyService, dict[str, ProbeTargets]]:
@@ -369,3 +399,95 @@ def test_thin_evidence_is_listed_as_inconclusive_until_it_goes() -> None:
     feed(t0 + 2, lambda a, b: False)
     assert service.probe_verdicts() == [] and service.probe_inconclusive == {}
     assert _verdict_gauge(service) == {"port": 0, "leaf": 0, "inconclusive": 0}
+
+
+FABRIC8 = generate_rail_optimized(hosts=8, rails=8)
+LIAR = "gpu000"
+TARGET = PortId("gpu003", 2)
+
+
+def test_a_host_claiming_loss_to_a_port_it_was_not_given_drains_nothing() -> None:
+    """The forged report: gpu000, with its own credentials and on its own topic, says all 8 of
+    its rails lose every probe to gpu003/rail2, a port the plan gave none of them (the honest
+    reports see no loss). Without the plan check its 8 rails were 8 witnesses against
+    min_probers 3 and 8 of 12 probers losing: gpu003's rail 2 was drained. Now the 8 pairs are
+    refused (counted, logged once), nothing is drained; gpu003/rail2's own probers, reporting
+    loss on pairs they were given, still get it drained."""
+    service, targets = _core(FABRIC8)
+    given = sorted(p for p, ts in service.probe_plan.targets.items() if TARGET in ts)
+    assert given == [PortId(h, 2) for h in ("gpu001", "gpu002", "gpu004", "gpu006")]
+    forged = [
+        ProbePair(rail=r, peer_host=TARGET.host, peer_rail=TARGET.rail, sent=10, lost=10)
+        for r in range(8)
+    ]
+
+    def window(lossy: Callable[[PortId, PortId], bool]) -> list[ProbeReport]:
+        out = list(_reports(targets, lossy))
+        return [
+            r.model_copy(update={"pairs": r.pairs + forged}) if r.host == LIAR else r for r in out
+        ]
+
+    t0 = time.monotonic()
+    with capture_logs() as logs:
+        for k in range(3):  # three windows, all forged the same way
+            for r in window(lambda a, b: False):
+                service._on_probe_report(r, now=t0 + k)
+            assert service.localize_probes(now=t0 + k) == []
+    assert service.state.probe_suspect == set()
+    assert service.probe_verdicts() == [] and service.probe_inconclusive == {}
+    assert service.dropped == {"unassigned_probe_pair": 3 * 8}
+    assert not [key for key in service.probe_results if key[1] == TARGET and key[0].host == LIAR]
+    (line,) = [e for e in logs if e["event"] == "message_dropped"]  # once, not per window
+    assert (line["host"], line["reason"], line["count"], line["epoch"]) == (
+        LIAR,
+        "unassigned_probe_pair",
+        8,
+        0,
+    )
+    assert line["topic"] == topics.probe_report(LIAR)
+    assert line["first"] == [f"{LIAR}/rail{r}->{TARGET}" for r in range(4)]
+
+    # the pairs the plan gave: gpu003/rail2 really drops, its 4 probers and 4 targets see it
+    t1 = t0 + 3
+    for r in window(lambda a, b: TARGET in (a, b)):
+        service._on_probe_report(r, now=t1)
+    acted = service.localize_probes(now=t1)
+    assert [(v.kind, v.subject, v.state, v.witnesses, v.lossy) for v in acted] == [
+        ("port", TARGET, "raised", 8, 8)
+    ]
+    assert service.state.probe_suspect == {(TARGET.host, TARGET.rail)}
+    assert service.dropped == {"unassigned_probe_pair": 4 * 8}
+
+
+def test_reports_are_taken_for_the_plan_in_force_and_the_one_before_only() -> None:
+    """Epochs rotate: a report of the previous epoch (agents still on the old targets) is
+    checked against that epoch's plan; two epochs back is refused whole; a pair of the old
+    plan reported under the new epoch is not one the new plan gave."""
+    service, _ = _core(FABRIC8)
+    plan0 = service.probe_plan
+    service.probe_targets(1)
+    plan1 = service.probe_plan
+    assert sorted(service.probe_plans) == [0, 1] and service.probe_plans[0] is plan0
+    p = PortId(LIAR, 0)
+    (old_only,) = [t for t in plan0.targets[p] if t not in plan1.targets[p]][:1]
+
+    def report(epoch: int, target: PortId) -> ProbeReport:
+        pair = ProbePair(rail=0, peer_host=target.host, peer_rail=target.rail, sent=10, lost=0)
+        return ProbeReport(host=LIAR, epoch=epoch, window_end=1.0, window_s=0.1, pairs=[pair])
+
+    now = time.monotonic()
+    service._on_probe_report(report(0, old_only), now=now)
+    assert (p, old_only) in service.probe_results and service.dropped == {}
+    service._on_probe_report(report(1, old_only), now=now)
+    assert service.dropped == {"unassigned_probe_pair": 1}
+    service.probe_targets(2)
+    assert sorted(service.probe_plans) == [1, 2]
+    service._on_probe_report(report(0, old_only), now=now)
+    assert service.dropped == {"unassigned_probe_pair": 1, "stale_probe_epoch": 1}
+    assert service.probe_reports == 2  # the stale one is not taken
+    # a service starting in epoch 7 also takes epoch 6's reports (a previous instance's plan)
+    fresh = TopologyService(
+        _settings(), fabric=FABRIC8, bus_factory=lambda **kw: MemoryBus(broker=MemoryBroker(), **kw)
+    )
+    fresh.probe_targets(7)
+    assert sorted(fresh.probe_plans) == [6, 7]
