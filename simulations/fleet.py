@@ -79,6 +79,7 @@ class SimulatedFleet:
         workdir: Path,
         damping: DampingPolicy | None = None,
         debounce_ms: float = 20,
+        solve_initial_delay_ms: float = 0,
         settle_s: float = 0.2,
         bus_factory: Callable[..., Bus] = Bus,
         api: ApiSettings | None = None,
@@ -90,7 +91,8 @@ class SimulatedFleet:
         in-memory one with the same semantics). ``api``: the service's HTTP API (None: not
         served; ``ApiSettings(port=0)`` serves it on a free loopback port,
         ``fleet.service.api_port``). ``signing_key``: the service signs its plans with it;
-        ``service_public_key``: every agent verifies them with it (:mod:`linkguard.signing`)."""
+        ``service_public_key``: every agent verifies them with it (:mod:`linkguard.signing`).
+        ``debounce_ms``, ``solve_initial_delay_ms``: the service's solve back-off (ms)."""
         self.fabric = fabric
         self.bus_factory = bus_factory
         damping = damping or DampingPolicy()
@@ -98,6 +100,7 @@ class SimulatedFleet:
             ServiceSettings(
                 bus=bus,
                 debounce_ms=debounce_ms,
+                solve_initial_delay_ms=solve_initial_delay_ms,
                 startup_settle_s=settle_s,
                 api=api or ApiSettings(enabled=False),
                 signing_key=signing_key,

@@ -54,9 +54,12 @@ async def test_leaf_down_moves_one_rail_of_the_whole_su_in_one_plan_per_host(
 ) -> None:
     fabric = generate_rail_optimized(hosts=16, rails=4)
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
-    # the service's default batching window (150 ms): the 4 ports go down together, and a
-    # loaded CI machine must not split them into two batches
-    async with SimulatedFleet(fabric, bus=bus, workdir=tmp_path, debounce_ms=150) as fleet:
+    # a leaf's ports go down together; the service solves at once on the first change after a
+    # quiet period (solve_initial_delay_ms 0 by default), so on a loaded machine the first
+    # port's state could be solved alone: wait 300 ms for the rest (a batch, one plan per host)
+    async with SimulatedFleet(
+        fabric, bus=bus, workdir=tmp_path, debounce_ms=150, solve_initial_delay_ms=300
+    ) as fleet:
         await fleet.wait_all_acked()
         epoch0 = fleet.service.state.epoch
         before = Counter(fleet.service.plans_per_host)
