@@ -754,6 +754,8 @@ class _Poller:
         self.counters: dict[str, _Counters] = {}
         #: per port, its counter files (listed at re-discovery)
         self.counter_files: dict[str, _CounterFiles] = {}
+        #: ports whose last reported reading carried reused counters (``counters_fresh`` False)
+        self.stale: set[str] = set()
         #: counters are read through kept-open files with the real reader (tests inject theirs)
         self.counter_reader: Reader = _KeptOpen(_fd_budget()) if reader is read_sysfs else reader
         #: held by :meth:`poll` and :meth:`close` (a cancelled watch() may leave a poll running
@@ -923,9 +925,15 @@ class _Poller:
                     )  # an event (GID_CHANGE...) re-reads the GID table too
                 else:  # removed between discovery and this read: reported like a removal
                     obs = _removed(d.hca, p, now)
-                if not obs.same_reading(self.last.get(key)):
+                # a port last reported with reused counters is reported again at its next
+                # counter reading, changed or not: the monitor takes that re-read as the
+                # baseline after a return (linkguard.agent.monitor), and must not wait for it
+                if not obs.same_reading(self.last.get(key)) or (
+                    obs.counters_fresh and key in self.stale
+                ):
                     changed.append(obs)
                     self._log_errors(obs.errors, port=key)
+                    (self.stale.discard if obs.counters_fresh else self.stale.add)(key)
                 self.last[key] = obs
         for key in sorted(self.last.keys() - seen, key=_natural):
             if only is not None and self.last[key].hca not in only:
@@ -936,6 +944,7 @@ class _Poller:
             self.gids.pop(key, None)
             self.phy.pop(key, None)
             self._forget(key, f"{gone.hca}/ports/{gone.port}")
+            self.stale.discard(key)
             obs = _removed(gone.hca, gone.port, now)
             if not obs.same_reading(gone):
                 changed.append(obs)

@@ -7,12 +7,14 @@ the topology service's real :class:`FabricState` and solver.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy, PortMonitor, gid_moves
+from linkguard.drivers.base import PortObservation
 from linkguard.drivers.sysfs_ib import _Poller, read_port, read_sysfs
 from linkguard.models import PortStatus
 from linkguard.topology.fabric import generate_rail_optimized
@@ -195,29 +197,35 @@ def test_flap_of_a_degraded_port_is_a_flap_and_its_link_downed_is_not_hidden(gpu
     ]
 
 
+def _real_poll(
+    gpud: Path, polled: list[PortObservation]
+) -> tuple[Callable[[float], PortStatus], PortMonitor]:
+    """``poll(t)``: the real sysfs poller reads mlx5_0/1 at ``t`` (counters every 1 s), the
+    monitor takes what it reports (also appended to ``polled``); returns the port's status."""
+    poller = _Poller(
+        root=gpud, ports={"mlx5_0/1"}, reader=read_sysfs, rediscover_s=1e9, counters_interval_s=1.0
+    )
+    mon = PortMonitor(host="gpu000", policy=DampingPolicy(), rails={"mlx5_0/1": 0})
+
+    def poll(t: float) -> PortStatus:
+        batch = poller.poll(t)
+        polled.extend(batch)
+        mon.observe(batch, now=t, wall=WALL + t)
+        st = mon.state("mlx5_0/1")
+        assert st is not None
+        return st.status
+
+    return poll, mon
+
+
 def test_errors_counted_while_down_do_not_degrade_the_port_when_it_is_back(gpud: Path) -> None:
     """The real poller re-reads counters once a second and reuses them between re-reads: the
     reading that shows the port back carries counters read while it was down, and the first
     re-read after it the training's 5000 symbol errors. That re-read is the baseline; the same
     rise once the port is back does drain it."""
     d = gpud / "mlx5_0" / "ports" / "1"
-    poller = _Poller(
-        root=gpud,
-        ports={"mlx5_0/1"},
-        reader=read_sysfs,
-        rediscover_s=1e9,
-        counters_interval_s=1.0,
-    )
-    mon = PortMonitor(host="gpu000", policy=DampingPolicy(), rails={"mlx5_0/1": 0})
-    seen: list[tuple[float, int | None]] = []
-
-    def poll(t: float) -> PortStatus:
-        batch = poller.poll(t)
-        seen.extend((t, o.counters.get("symbol_error")) for o in batch)
-        mon.observe(batch, now=t, wall=WALL + t)
-        st = mon.state("mlx5_0/1")
-        assert st is not None
-        return st.status
+    polled: list[PortObservation] = []
+    poll, mon = _real_poll(gpud, polled)
 
     assert poll(0.0) == UP
     put(d / "state", "1: DOWN\n")
@@ -232,6 +240,7 @@ def test_errors_counted_while_down_do_not_degrade_the_port_when_it_is_back(gpud:
         assert poll(t) in (HELD, UP)
         t += 1.0
     # the port came back with the old counters, the re-read at 1 s brought the 5000
+    seen = [(o.monotonic, o.counters.get("symbol_error")) for o in polled]
     assert seen[:4] == [(0.0, 0), (0.3, 0), (0.7, 0), (1.0, 5000)]
     st = mon.state("mlx5_0/1")
     assert st is not None and st.status == UP and st.reason is None
@@ -426,3 +435,29 @@ def test_gid_moves() -> None:
         f"3: {b} -> None",
     ]
     assert gid_moves({0: a}, {0: b}) == [f"0: {a} -> {b}"]
+
+
+def test_an_idle_port_back_from_a_flap_counts_its_next_error_burst(gpud: Path) -> None:
+    """The port comes back between two counter readings (reused counters) and its counters
+    do not move: the poller still reports its next counter reading, which is the baseline,
+    so the first error burst after that degrades the port instead of being taken as one."""
+    d = gpud / "mlx5_0" / "ports" / "1"
+    polled: list[PortObservation] = []
+    poll, mon = _real_poll(gpud, polled)
+
+    assert poll(0.0) == UP
+    put(d / "state", "1: DOWN\n")
+    assert poll(0.3) == DOWN
+    put(d / "state", "4: ACTIVE\n")
+    assert poll(0.6) == HELD
+    assert poll(1.0) == HELD  # the counter re-read, unchanged: reported all the same
+    fresh = [(o.monotonic, o.counters_fresh) for o in polled]
+    assert fresh == [(0.0, True), (0.3, False), (0.6, False), (1.0, True)]
+    t = 2.0
+    while t < 30.0:
+        assert poll(t) in (HELD, UP)
+        t += 1.0
+    assert poll(30.0) == UP
+    put(d / "counters" / "symbol_error", "5000\n")  # the first burst since the return
+    assert poll(31.0) == DEGRADED
+    assert mon.state("mlx5_0/1").reason == "symbol_error 5000/60s"  # type: ignore[union-attr]

@@ -84,7 +84,11 @@ async def test_counter_degradation_survives_a_restart_until_clear_after_s(tmp_pa
         put(errors, "150\n")  # a dying optic: 150 symbol errors within the minute
         await until(lambda: _status(first, "mlx5_0/1") == DEGRADED, "degraded on counters")
         assert first.monitor.state("mlx5_0/1").reason == REASON  # type: ignore[union-attr]
-        await until(lambda: "mlx5_0/1" in _saved(tmp_path)["ports"], "the verdict saved")
+        # the daemon writes the file after the monitor's verdict: absent until then
+        path = tmp_path / "state" / "counter_health.json"
+        await until(
+            lambda: path.exists() and "mlx5_0/1" in _saved(tmp_path)["ports"], "the verdict saved"
+        )
     saved = _saved(tmp_path)
     assert saved["version"] == 1 and list(saved["ports"]) == ["mlx5_0/1"]
     since = saved["ports"]["mlx5_0/1"]["since"]
