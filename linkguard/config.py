@@ -34,7 +34,7 @@ from pydantic_settings import (
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer
+from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer, SettingsModel
 from linkguard.topology.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class ConfigError(ValueError):
     """A configuration value or file that cannot be used."""
 
 
-class _Section(BaseModel):
+class _Section(SettingsModel):
     # NaN and infinities are refused in every section ("must be a finite number"), before any
     # bound is checked: NaN compares false with every bound and would otherwise pass ge/le
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -708,7 +708,7 @@ class LedgerSettings(_Section):
         return None if isinstance(v, str) and not v.strip() else v
 
 
-class _Base(BaseSettings):
+class _Base(BaseSettings, SettingsModel):
     log_format: Literal["json", "console"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     bus: BusSettings = BusSettings()

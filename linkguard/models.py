@@ -12,13 +12,23 @@ Port state names and numbers follow the InfiniBand Architecture Specification vo
 from __future__ import annotations
 
 import ipaddress
+import types
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
+    "LANE_GBPS",
     "MAX_MESSAGE_BYTES",
     "Ack",
     "AckResult",
@@ -49,6 +59,7 @@ __all__ = [
     "RailAssignment",
     "RouteAssignment",
     "ServiceStatus",
+    "SettingsModel",
     "SharedRoutes",
     "decode",
     "encode",
@@ -58,6 +69,22 @@ __all__ = [
 #: Default upper bound on one bus payload (bytes). A full plan for a 32-host SU with 8 GPUs per
 #: host is ~60 KiB; 4 MiB leaves room for issue-3 sized plans while refusing floods.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+#: Per-lane rate in Gb/s as the kernel prints it in sysfs ``ports/<n>/rate`` ("40 Gb/sec (4X
+#: QDR)"; drivers/infiniband/core/sysfs.c ``rate_show``, deci-Gb/s 25/50/100/100/140/250/500/
+#: 1000/2000). ``Link.rate_gbps`` = lanes x this, the same unit as ``PortState.rate_gbps`` and the
+#: generator's ``NDR_GBPS`` (400 for 4x NDR), so imported, generated and observed rates compare.
+LANE_GBPS: dict[str, float] = {
+    "SDR": 2.5,
+    "DDR": 5.0,
+    "QDR": 10.0,
+    "FDR10": 10.0,
+    "FDR": 14.0,
+    "EDR": 25.0,
+    "HDR": 50.0,
+    "NDR": 100.0,
+    "XDR": 200.0,
+}
 
 HostName = Annotated[
     str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -84,6 +111,34 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False
     )
+
+
+def _number_kind(annotation: Any) -> type | None:
+    """int or float for a field typed ``int``/``float`` (optionally ``| None``), else None."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+    kinds = {a for a in (args or (annotation,)) if a is not type(None)}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
+
+
+class SettingsModel(BaseModel):
+    """Base of the settings sections: a number field takes numbers only. pydantic's lax mode
+    reads YAML ``true`` as 1 and ``4.0`` as the whole number 4; here ``true``/``false`` in a
+    number field and any float in a whole-number field raise ValueError (``must be a number,
+    not true``; ``must be a whole number, not 4.0``). The environment's text (``"4"``) is
+    still parsed as before."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_only(cls, v: object, info: ValidationInfo) -> object:
+        field = cls.model_fields.get(info.field_name or "")
+        kind = _number_kind(field.annotation) if field is not None else None
+        if kind is None:
+            return v
+        if isinstance(v, bool):
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        if kind is int and isinstance(v, float):
+            raise ValueError(f"must be a whole number, not {v!r}")
+        return v
 
 
 class PortStateName(StrEnum):

@@ -59,6 +59,8 @@ class Host:
         )
         self.readings = {h.key: active_port(h.hca, h.port) for h in inv.hcas}
         self.mon.observe(self.readings.values(), now=self.now, wall=self.now)
+        self.now += 3.0  # the rates held rate_settle_s: each port's reference
+        self.mon.tick(now=self.now, wall=self.now)
         self.epoch = 0
 
     def _hca(self, rail: int) -> HCAInfo:

@@ -496,3 +496,47 @@ def test_non_finite_numbers_say_so_not_a_bound(
     monkeypatch.setenv(f"LINKGUARD_{env}", "nan")
     with pytest.raises(ConfigError, match=message):
         load_settings(cls)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        ("probes: {min_samples: true}\n", "probes.min_samples", "must be a number, not true"),
+        ("probes: {fan_out: 4.0}\n", "probes.fan_out", "must be a whole number, not 4.0"),
+        (
+            "ports: [{hca: mlx5_0, expected_rate_gbps: true}]\n",
+            "ports.0.expected_rate_gbps",
+            "must be a number, not true",
+        ),
+        (
+            "damping: {hold_down_initial_s: false}\n",
+            "damping.hold_down_initial_s",
+            "must be a number, not false",
+        ),
+        (
+            "counter_health: {window_s: yes}\n",
+            "counter_health.window_s",
+            "must be a number, not true",
+        ),
+        ("poll_interval_ms: true\n", "poll_interval_ms", "must be a number, not true"),
+    ],
+)
+def test_a_yaml_boolean_or_a_float_is_no_whole_number(
+    tmp_path: Path, text: str, field: str, message: str
+) -> None:
+    """pydantic's lax mode read YAML true as 1 (min_samples 1: every pair counts after one
+    probe) and 4.0 as 4; counter thresholds already refused both, now every number does."""
+    with pytest.raises(ConfigError) as err:
+        load_settings(AgentSettings, _yaml(tmp_path, text))
+    assert f"{field}: {message}" in str(err.value), str(err.value)
+
+
+def test_numbers_from_the_environment_still_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LINKGUARD_PROBES__FAN_OUT", "3")
+    monkeypatch.setenv("LINKGUARD_DAMPING__HOLD_DOWN_INITIAL_S", "5")
+    monkeypatch.setenv("LINKGUARD_POLL_INTERVAL_MS", "250.5")
+    s = load_settings(AgentSettings)
+    assert (s.probes.fan_out, s.damping.hold_down_initial_s, s.poll_interval_ms) == (3, 5.0, 250.5)
+    monkeypatch.setenv("LINKGUARD_PROBES__FAN_OUT", "true")
+    with pytest.raises(ConfigError, match=r"probes\.fan_out"):
+        load_settings(AgentSettings)

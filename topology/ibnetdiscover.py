@@ -45,7 +45,7 @@ from typing import Literal
 import structlog
 from pydantic import ValidationError
 
-from linkguard.models import HCAInfo, HostInventory
+from linkguard.models import LANE_GBPS, HCAInfo, HostInventory
 from linkguard.topology.fabric import Fabric, FabricError, Link, Switch, switch_tiers
 from linkguard.topology.generator import _rail_subnet_size, rail_subnets
 
@@ -63,22 +63,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-#: Per-lane rate in Gb/s as the kernel prints it in sysfs ``ports/<n>/rate`` ("40 Gb/sec (4X
-#: QDR)"; drivers/infiniband/core/sysfs.c ``rate_show``, deci-Gb/s 25/50/100/100/140/250/500/
-#: 1000/2000). ``Link.rate_gbps`` = lanes x this, the same unit as ``PortState.rate_gbps`` and the
-#: generator's ``NDR_GBPS`` (400 for 4x NDR), so imported, generated and observed rates compare.
-LANE_GBPS: dict[str, float] = {
-    "SDR": 2.5,
-    "DDR": 5.0,
-    "QDR": 10.0,
-    "FDR10": 10.0,
-    "FDR": 14.0,
-    "EDR": 25.0,
-    "HDR": 50.0,
-    "NDR": 100.0,
-    "XDR": 200.0,
-}
 
 #: Per-lane signalling rate in Gb/s (IBTA InfiniBand Architecture Specification vol. 2, physical
 #: layer: SDR 2.5, DDR 5, QDR 10 with 8b/10b coding; FDR10 10.3125, FDR 14.0625, EDR 25.78125 with

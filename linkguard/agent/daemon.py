@@ -248,12 +248,14 @@ class Agent:
                 for p in settings.ports
                 if p.expected_rate_gbps is not None
             },
+            # a glitched rate stays visible until the next state poll: it must not settle
+            rate_settle_s=max(3.0, 2 * settings.poll_interval_ms / 1000),
         )
         self._history_path = settings.state_dir / "damping.json"
         self._restore_history()
         self._health_path = settings.state_dir / "counter_health.json"
-        #: the verdicts last written to ``_health_path`` ("hca/port" -> reason); None: not yet
-        self._health_saved: dict[str, str] | None = None
+        # (counter verdicts, reference rates) last written; None: the file needs a rewrite
+        self._health_saved: tuple[dict[str, str], dict[str, float]] | None = None
         self._restore_health()
         self.applier = Applier(
             host=self.host,
@@ -490,16 +492,19 @@ class Agent:
             log.info("damping_history_restored", ports=restored)
 
     def _restore_health(self) -> None:
-        """Counter-health verdicts of the previous run (``state_dir/counter_health.json``,
-        ``{"version": 1, "ports": {"hca/port": {"reason": ..., "since": <Unix s>}}}``): a
-        restart must not clear a port degraded on its error counters. Its clear timer restarts
-        at load (``clear_after_s`` of clean readings after the restart, see
+        """Counter-health verdicts and reference rates of the previous run
+        (``state_dir/counter_health.json``, ``{"version": 1, "ports": {"hca/port": {"reason":
+        ..., "since": <Unix s>}}, "rates": {"hca/port": <Gb/s>}}``; ``rates`` may be absent): a
+        restart must not clear a port degraded on its error counters, nor make a port that
+        retrained to a lower rate look healthy at that rate. The clear timer restarts at load
+        (``clear_after_s`` of clean readings after the restart, see
         :meth:`PortMonitor.restore_health`). A missing file: nothing to restore; an unreadable,
         corrupt or unknown-version one is logged and the agent starts clean."""
         try:
             doc = json.loads(self._health_path.read_text())
         except FileNotFoundError:
-            self._health_saved = {}  # nothing to write until a port degrades
+            self._health_saved = ({}, {})  # nothing to write until a port degrades or a
+            # reference rate is learnt
             return
         except (OSError, ValueError) as exc:
             log.warning(
@@ -508,11 +513,13 @@ class Agent:
             return
         version = doc.get("version") if isinstance(doc, dict) else None
         ports = doc.get("ports") if isinstance(doc, dict) else None
-        if version != _HEALTH_STATE_VERSION or not isinstance(ports, dict):
+        rates = doc.get("rates", {}) if isinstance(doc, dict) else None
+        known = version == _HEALTH_STATE_VERSION and not isinstance(version, bool)  # true == 1
+        if not known or not isinstance(ports, dict) or not isinstance(rates, dict):
             error = (
                 f"unknown version {version!r} (this agent reads {_HEALTH_STATE_VERSION})"
-                if isinstance(doc, dict) and version != _HEALTH_STATE_VERSION
-                else "not a JSON object with a ports object"
+                if isinstance(doc, dict) and not known
+                else "not a JSON object with a ports object (and a rates object, if any)"
             )
             log.warning(
                 "counter_health_state_unreadable", path=str(self._health_path), error=error[:200]
@@ -521,16 +528,25 @@ class Agent:
         restored = self.monitor.restore_health(ports, now=time.monotonic(), wall=time.time())
         if restored:
             log.info("counter_health_restored", ports=restored)
-        if len(restored) == len(ports):  # else rewrite the file without what was ignored
-            self._health_saved = {k: str(ports[k]["reason"]) for k in restored}
+        rates_restored = self.monitor.restore_reference_rates(rates)
+        if rates_restored:
+            log.info("reference_rates_restored", rates={k: rates[k] for k in rates_restored})
+        if len(restored) == len(ports) and len(rates_restored) == len(rates):
+            # else rewrite the file without what was ignored
+            self._health_saved = (
+                {k: str(ports[k]["reason"]) for k in restored},
+                {k: float(rates[k]) for k in rates_restored},
+            )
 
     def _save_health(self) -> None:
-        """Write the counter-health verdicts when they changed since the last write."""
+        """Write the counter-health verdicts and reference rates when they changed since the
+        last write."""
         ports = self.monitor.health_history(now=time.monotonic(), wall=time.time())
-        verdicts = {k: str(v["reason"]) for k, v in ports.items()}
+        rates = self.monitor.reference_rates()
+        verdicts = ({k: str(v["reason"]) for k, v in ports.items()}, rates)
         if verdicts == self._health_saved:
             return
-        doc = {"version": _HEALTH_STATE_VERSION, "ports": ports}
+        doc = {"version": _HEALTH_STATE_VERSION, "ports": ports, "rates": rates}
         try:
             atomic_write(self._health_path, json.dumps(doc), mode=0o600)
         except OSError as exc:

@@ -51,6 +51,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from linkguard.drivers.counters import CounterBaseline
+from linkguard.models import SettingsModel
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -127,7 +128,7 @@ DEFAULT_THRESHOLDS: Mapping[str, CounterThreshold] = MappingProxyType(
 )
 
 
-class CounterHealthPolicy(BaseModel):
+class CounterHealthPolicy(SettingsModel):
     """When error counters drain an up port (``counter_health`` in the agent settings).
 
     ``window_s`` (s) = 60: thresholds are events per 60 s. ``clear_after_s`` (s) = 300: a
@@ -159,10 +160,10 @@ class CounterHealthPolicy(BaseModel):
     keeps the default ``clear`` when that is below it, else takes ``degrade // 10`` (the
     defaults' 100/10 ratio; 0 below 10). Raises ``pydantic.ValidationError`` for a
     non-finite/non-positive time, a ``window_s`` under :data:`MIN_WINDOW_S` (5 s: counters are
-    read once a second), a threshold that is not a whole number (a bool included),
-    ``clear >= degrade`` (naming the counter), a counter given
-    neither, a counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo must not be
-    ignored).
+    read once a second), a ``clear_after_s`` under 1 s (one counter reading), a threshold that
+    is not a whole number (a bool included), ``clear >= degrade`` (naming the counter), a
+    counter given neither, a counter name that is not one of ``DEFAULT_THRESHOLDS`` (a typo
+    must not be ignored).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -171,7 +172,8 @@ class CounterHealthPolicy(BaseModel):
     window_s: float = Field(
         60.0, gt=0, le=86_400, description=f"events counted over this long (s), >= {MIN_WINDOW_S:g}"
     )
-    clear_after_s: float = Field(300.0, gt=0, le=86_400)
+    # >= 1 s: counters are read once a second; a shorter time would clear on one clean reading
+    clear_after_s: float = Field(300.0, ge=1.0, le=86_400)
     thresholds: dict[str, CounterThreshold] = Field(default_factory=dict, max_length=64)
 
     @model_validator(mode="before")

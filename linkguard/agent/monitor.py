@@ -34,11 +34,14 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
   logged and published as ``gid_index_changed`` (the port is still re-admitted).
 * The rate rule holds while the port is up too (a retrain too fast for the state poll, or a
   width/speed downgrade without a visible flap): every reading of a port that would be UP whose
-  rate is below its reference (``expected_rates`` when configured, else the highest rate read
-  while UP; a port's first reading has no learnt reference) makes it DEGRADED with the same
+  rate is below its reference (``expected_rates`` when configured, else the highest rate held
+  for ``rate_settle_s`` = 3 s while not below the reference; a port's first readings have no
+  learnt reference, and one glitched reading never becomes it) makes it DEGRADED with the same
   reason, ``"rate 200 < 400 Gb/s"``, logged as ``port_rate_below_reference``, and it is UP again
   at the first reading at or above the reference, as after re-admission (no further
-  hold-down). The reference only learns a higher rate (read while UP): never a lower one.
+  hold-down). The reference only learns a higher rate: never a lower one. The agent keeps the
+  learnt references across restarts (:meth:`PortMonitor.reference_rates`); a port that now
+  runs slower for good is accepted by configuring its ``expected_rate_gbps``.
 * DEGRADED is not an emergency: no fast path (the agent's fast path acts on DOWN only); the
   topology service counts it unusable and re-plans. A DEGRADED port that goes down flaps like
   an UP one.
@@ -53,7 +56,7 @@ from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ConfigDict, ValidationError, model_validator
 
 from linkguard.agent.health import CounterHealth, CounterHealthPolicy
 from linkguard.drivers.base import PortObservation
@@ -66,6 +69,7 @@ from linkguard.models import (
     PortState,
     PortStateName,
     PortStatus,
+    SettingsModel,
 )
 
 __all__ = [
@@ -83,12 +87,14 @@ log = structlog.get_logger(__name__)
 _MAX_REASON = 200
 _MAX_COUNTERS = 256
 _MAX_RATE_GBPS = 100_000.0
+#: how far ahead of this clock a saved time may be before it is taken as a wrong clock (s)
+_CLOCK_SLACK_S = 60.0
 #: The penalty ceiling is reuse * 2**ratio; a ratio above this is a configuration mistake.
 _MAX_SUPPRESS_RATIO = 64.0
 _NO_RAILS: Mapping[str, int] = MappingProxyType({})
 
 
-class DampingPolicy(BaseModel):
+class DampingPolicy(SettingsModel):
     """How a port that came back is kept out before reuse. Times in seconds (s).
 
     Defaults are chosen for synchronous GPU training, where the two costs are lopsided:
@@ -321,7 +327,8 @@ class _Port:
     counted: bool = False  # the latest reading went to counter health as usable
     awaiting_fresh: bool = False  # back with reused counters: the next re-read is a baseline
     readmit_reason: str | None = None  # set while the re-admission or rate check fails
-    ref_rate: float | None = None  # highest rate (Gb/s) read while UP
+    ref_rate: float | None = None  # highest rate (Gb/s) held rate_settle_s while not short
+    rate_since: float | None = None  # monotonic time (s) the current rate was first read
     admitted_layer: LinkLayer | None = None  # link layer while last UP
     admitted_gids: Mapping[int, str] | None = None  # GID table while last UP
     gid_index_changed: bool = False
@@ -335,6 +342,10 @@ class PortMonitor:
     ``ValueError`` for a non-finite ``now`` or a negative/non-finite ``wall``. Observations of a
     port whose name cannot be published (bad HCA name, port outside 1..255) are logged once and
     ignored; bad rate/netdev/counter values are logged once and left out of the state.
+    ``expected_rates`` maps ``"hca/port"`` to the rate (Gb/s) it must run at (else a learnt
+    one); ``rate_settle_s`` (s, >= 0, ``ValueError`` otherwise) is how long a higher rate must
+    hold before it becomes a port's learnt reference (the agent passes 3 s, or two state polls
+    when they are slower).
     """
 
     def __init__(
@@ -345,6 +356,7 @@ class PortMonitor:
         rails: Mapping[str, int] = _NO_RAILS,
         health: CounterHealthPolicy | None = None,
         expected_rates: Mapping[str, float] = _NO_RAILS,
+        rate_settle_s: float = 3.0,
     ) -> None:
         try:
             PortRef(host=host, hca="probe", port=1)
@@ -356,8 +368,12 @@ class PortMonitor:
         self._health = CounterHealth(health)
         #: "hca/port" -> the rate (Gb/s) the port must run at to be re-admitted UP
         self._expected = dict(expected_rates or {})
+        if not (math.isfinite(rate_settle_s) and rate_settle_s >= 0):
+            raise ValueError(f"rate_settle_s must be a finite number >= 0, got {rate_settle_s!r}")
+        self._rate_settle_s = float(rate_settle_s)
         self._ports: dict[str, _Port] = {}
         self._rejected: set[str] = set()
+        self._restored_rates: dict[str, float] = {}  # reference rates for ports not yet read
         self._seq = 0
         self._now: float | None = None
         self._wall = 0.0
@@ -473,6 +489,7 @@ class PortMonitor:
                 p.penalty_at = m("penalty_at") or now
                 p.suppressed = bool(h["suppressed"])
                 p.reuse_at = m("reuse_at")
+                p.ref_rate = self._restored_rates.pop(key, None)
             except (KeyError, TypeError, ValueError, ValidationError) as exc:
                 log.warning(
                     "damping_history_ignored", host=self.host, port=key, error=str(exc)[:200]
@@ -491,6 +508,45 @@ class PortMonitor:
             key: {"reason": reason, "since": since + off}
             for key, (reason, since) in self._health.degraded_ports().items()
         }
+
+    def reference_rates(self) -> dict[str, float]:
+        """Per ``"hca/port"``, the rate (Gb/s) learnt as the port's bar (the highest that held
+        ``rate_settle_s`` while the port was not short of it; :meth:`_up_or_degraded`), worth
+        keeping across an agent restart: a port that runs at 200 after a retrain from 400 must
+        not be taken as a healthy 200 Gb/s port by the next agent. Ports with none are left
+        out (and configured ``expected_rate_gbps`` ports: the setting is their bar)."""
+        out = {k: r for k, r in self._restored_rates.items() if k not in self._expected}
+        for key, p in self._ports.items():
+            if p.ref_rate is not None and key not in self._expected:
+                out[key] = p.ref_rate
+        return out
+
+    def restore_reference_rates(self, rates: Mapping[str, object]) -> list[str]:
+        """Take back :meth:`reference_rates` saved by the previous agent, before the first
+        reading: each port's first reading is held to it, as if the agent had not stopped. A
+        malformed entry (a bad port name, a rate that is not a number in (0, 100000] Gb/s) is
+        logged (``reference_rate_ignored``) and ignored. Returns the ports restored."""
+        restored = []
+        for key, rate in rates.items():
+            try:
+                hca, _, port = key.partition("/")
+                PortRef(host=self.host, hca=hca, port=int(port))
+                if isinstance(rate, bool) or not isinstance(rate, int | float):
+                    raise ValueError(f"rate must be Gb/s, got {rate!r}"[:200])
+                if not (0 < rate <= _MAX_RATE_GBPS):
+                    raise ValueError(f"rate {rate!r} Gb/s is outside (0, {_MAX_RATE_GBPS:g}]")
+            except (AttributeError, TypeError, ValueError, ValidationError) as exc:
+                log.warning(
+                    "reference_rate_ignored", host=self.host, port=str(key)[:100], error=str(exc)
+                )
+                continue
+            p = self._ports.get(key)
+            if p is not None:
+                p.ref_rate = max(p.ref_rate or 0.0, float(rate))
+            else:
+                self._restored_rates[key] = float(rate)
+            restored.append(key)
+        return restored
 
     def restore_health(
         self, history: Mapping[str, Mapping[str, object]], *, now: float, wall: float
@@ -512,6 +568,17 @@ class PortMonitor:
                     raise ValueError(f"since must be Unix seconds, got {since!r}")
                 if not isinstance(reason, str):
                     raise ValueError(f"reason must be a string, got {reason!r}"[:200])
+                if since > wall + _CLOCK_SLACK_S:
+                    # a clock that was ahead when the file was written (or an edited file): the
+                    # verdict stands, its age is unknown; counted from now
+                    log.warning(
+                        "counter_health_since_in_future",
+                        host=self.host,
+                        port=key,
+                        since=since,
+                        wall=wall,
+                    )
+                    since = wall
                 self._health.seed(key, reason=reason, since=float(since) - off)
             except (AttributeError, KeyError, TypeError, ValueError, ValidationError) as exc:
                 log.warning(
@@ -552,11 +619,14 @@ class PortMonitor:
                 log.warning("port_rejected", host=self.host, port=key, error=str(exc)[:300])
             return None
         p = _Port(hca=obs.hca, port=obs.port, rail=self._rails.get(key))
+        p.ref_rate = self._restored_rates.pop(key, None)
         self._ports[key] = p
         return p
 
     def _apply(self, p: _Port, obs: PortObservation, now: float) -> None:
         previous_obs, p.obs = p.obs, obs
+        if previous_obs is None or obs.rate_gbps != previous_obs.rate_gbps:
+            p.rate_since = now
         if obs.link_layer is not None:
             p.link_layer = obs.link_layer
         if obs.netdev is not None:
@@ -662,8 +732,9 @@ class PortMonitor:
     # -- degraded: counter health and re-admission ----------------------------------------------
     def _up_or_degraded(self, p: _Port, now: float) -> PortStatus:
         """UP, or DEGRADED while the counters, the re-admission check or the rate check say
-        so; an UP port's rate (only upwards), link layer and GID table become the reference
-        for its next re-admission."""
+        so. The rate of a port not short of it (only upwards, once held ``rate_settle_s``)
+        and an UP port's link layer and GID table become the reference for its next
+        re-admission."""
         key = f"{p.hca}/{p.port}"
         health = self._health.evaluate(key, now=now)
         p.health_reason = health.reason if health.degraded else None
@@ -682,15 +753,36 @@ class PortMonitor:
                 log.warning(
                     "port_rate_below_reference", host=self.host, port=key, reason=p.readmit_reason
                 )
+        if p.readmit_reason is None and self._rate_settled(p, now):
+            # a rate held for rate_settle_s (counters may be over a threshold: the rate is
+            # still right); one glitched reading (a retrain caught mid-way, a corrupt file)
+            # never becomes the bar the port is then held to
+            p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)  # type: ignore[union-attr]
         if p.readmit_reason is not None or p.health_reason is not None:
             return PortStatus.DEGRADED
         if o is not None:
-            if o.rate_gbps:
-                p.ref_rate = max(p.ref_rate or 0.0, o.rate_gbps)
             p.admitted_layer = p.link_layer
             if o.gids is not None:
                 p.admitted_gids = o.gids
         return PortStatus.UP
+
+    def _rate_settled(self, p: _Port, now: float) -> bool:
+        o = p.obs
+        return (
+            o is not None
+            and bool(o.rate_gbps)
+            and p.rate_since is not None
+            and now - p.rate_since >= self._rate_settle_s
+        )
+
+    def _rate_deadline(self, p: _Port) -> float | None:
+        """When a rate above the port's reference becomes it (a tick is due then), else None."""
+        o = p.obs
+        if not p.raw or o is None or not o.rate_gbps or p.rate_since is None:
+            return None
+        if f"{p.hca}/{p.port}" in self._expected or o.rate_gbps <= (p.ref_rate or 0.0):
+            return None
+        return p.rate_since + self._rate_settle_s
 
     def _ref_rate(self, p: _Port) -> float | None:
         return self._expected.get(f"{p.hca}/{p.port}") or p.ref_rate
@@ -758,6 +850,9 @@ class PortMonitor:
         health = self._health.next_deadline(f"{p.hca}/{p.port}", now=now)
         if health is not None:
             times.append(health)
+        rate = self._rate_deadline(p)
+        if rate is not None:
+            times.append(rate)
         times = [t for t in times if t > now]
         return min(times) if times else None
 

@@ -283,12 +283,13 @@ def flap(rig: Rig, t_down: float, t_up: float, **changes: str) -> None:
 def test_back_at_a_lower_rate_is_degraded_until_the_rate_is_back(gpud: Path) -> None:
     rig = Rig(gpud)
     assert rig.read(0.0) == UP and rig.state.rate_gbps == 400.0
-    flap(rig, 1.0, 2.0, rate="200 Gb/sec (2X NDR)")  # renegotiated to 2 lanes
-    assert rig.tick(12.0) == DEGRADED
+    assert rig.tick(3.0) == UP  # 400 held for rate_settle_s (3 s): the reference
+    flap(rig, 4.0, 5.0, rate="200 Gb/sec (2X NDR)")  # renegotiated to 2 lanes
+    assert rig.tick(15.0) == DEGRADED
     assert rig.state.reason == "rate 200 < 400 Gb/s" and not rig.state.usable
     # another retrain back to 4X: up again (no second hold-down needed for a rate)
-    flap(rig, 20.0, 21.0, rate="400 Gb/sec (4X NDR)")
-    assert rig.tick(21.0 + 20.0) == UP  # second flap: hold-down 20 s
+    flap(rig, 23.0, 24.0, rate="400 Gb/sec (4X NDR)")
+    assert rig.tick(24.0 + 20.0) == UP  # second flap: hold-down 20 s
     assert rig.transitions == [
         "unknown->up",
         "up->down",
@@ -306,6 +307,31 @@ def test_back_at_the_same_rate_is_up(gpud: Path) -> None:
     flap(rig, 1.0, 2.0)
     assert rig.tick(12.0) == UP
     assert rig.state.reason is None and rig.state.gid_index_changed is False
+
+
+def test_one_glitched_high_rate_reading_is_not_the_bar(gpud: Path) -> None:
+    # a reading caught mid-retrain (8X, a width this port does not have) for 2 s: it must not
+    # become the reference, or the port would be degraded at its real 400 until a restart
+    rig = Rig(gpud)
+    assert rig.read(0.0) == UP and rig.tick(3.0) == UP
+    rig.write("rate", "800 Gb/sec (8X NDR)")
+    assert rig.read(4.0) == UP and rig.state.rate_gbps == 800.0
+    assert rig.mon.tick(now=5.0, wall=WALL + 5).next_deadline == 7.0  # when 800 would settle
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(6.0) == UP and rig.tick(7.0) == UP and rig.state.reason is None
+    # a rate that is not width x lane rate is no kernel reading: refused, never the bar
+    rig.write("rate", "800 Gb/sec (4X NDR)")
+    assert rig.read(8.0) == UP and rig.state.rate_gbps is None
+    rig.write("rate", "100000 Gb/sec")
+    assert rig.read(12.0) == UP and rig.state.rate_gbps is None
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(16.0) == UP and rig.tick(20.0) == UP
+    assert rig.mon.reference_rates() == {"mlx5_0/1": 400.0}
+    assert rig.transitions == ["unknown->up"]
+    # a higher rate held 3 s is real (a port upgraded in place): the new bar
+    rig.write("rate", "800 Gb/sec (8X NDR)")
+    assert rig.read(21.0) == UP and rig.tick(24.0) == UP
+    assert rig.mon.reference_rates() == {"mlx5_0/1": 800.0}
 
 
 def test_configured_expected_rate_is_the_bar(gpud: Path) -> None:
@@ -335,21 +361,22 @@ def test_rate_drop_while_active_drains_the_port_until_the_rate_is_back(gpud: Pat
     rig = Rig(gpud, hca="mlx5_1")
     service = FabricState(fabric=generate_rail_optimized(hosts=4, rails=4), epoch_start=1)
     assert rig.read(0.0) == UP and rig.state.rate_gbps == 400.0
+    assert rig.tick(3.0) == UP  # 400 held for rate_settle_s (3 s): the reference
     service.on_port_state(rig.state)
     first = service.solve(0.0).full["gpu000"]
     assert {a.gpu: a.rail for a in first.rail_assignments}[1] == 1  # GPU 1 on mlx5_1
     rig.write("rate", "200 Gb/sec (2X NDR)")
-    assert rig.read(1.0) == DEGRADED
+    assert rig.read(4.0) == DEGRADED
     st = rig.state
     assert (st.reason, st.rate_gbps, st.usable) == ("rate 200 < 400 Gb/s", 200.0, False)
     assert st.state.value == "ACTIVE" and st.damping.flaps == 0  # not a flap, no hold-down
     assert service.on_port_state(st) is True  # usability changed: a re-plan is due
     assert service.unusable() == {"gpu000": frozenset({1})}  # the fabric's rail of mlx5_1
-    plan = service.solve(2.0).full["gpu000"]
+    plan = service.solve(5.0).full["gpu000"]
     assert all(a.rail != 1 for a in plan.rail_assignments)  # no GPU on the half-speed NIC
     assert {a.gpu for a in plan.rail_assignments if a.home_rail == 1} == {1}
     # the reference does not ratchet down to 200: a minute at 200 stays degraded
-    for t in (2.0, 30.0, 61.0):
+    for t in (5.0, 30.0, 61.0):
         assert rig.read(t) == DEGRADED and rig.state.reason == "rate 200 < 400 Gb/s"
     rig.write("rate", "400 Gb/sec (4X NDR)")  # retrained to 4 lanes: up at once
     assert rig.read(62.0) == UP and rig.state.reason is None
@@ -375,10 +402,11 @@ def test_rate_drop_while_up_on_a_roce_port(gpud: Path) -> None:
     # the real RoCE LAG port (link_layer Ethernet, 200 Gb/s): the same rule and reason
     rig = Rig(gpud, hca="mlx5_bond_0")
     assert rig.read(0.0) == UP and rig.state.link_layer.value == "Ethernet"
+    assert rig.tick(3.0) == UP
     rig.write("rate", "100 Gb/sec (2X HDR)")
-    assert rig.read(1.0) == DEGRADED and rig.state.reason == "rate 100 < 200 Gb/s"
+    assert rig.read(4.0) == DEGRADED and rig.state.reason == "rate 100 < 200 Gb/s"
     rig.write("rate", "200 Gb/sec (2X NDR)")
-    assert rig.read(2.0) == UP and rig.state.reason is None
+    assert rig.read(5.0) == UP and rig.state.reason is None
     assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up"]
 
 
@@ -387,8 +415,9 @@ def test_rate_drop_while_degraded_on_counters_adds_to_the_reason(gpud: Path) -> 
     rig.read(0.0)
     rig.write("counters/symbol_error", "500")
     assert rig.read(1.0) == DEGRADED and rig.state.reason == "symbol_error 500/60s"
+    assert rig.tick(3.0) == DEGRADED  # 400 held 3 s: the reference, counters or not
     rig.write("rate", "200 Gb/sec (2X NDR)")
-    assert rig.read(2.0) == DEGRADED
+    assert rig.read(3.5) == DEGRADED
     assert rig.state.reason == "rate 200 < 400 Gb/s; symbol_error 500/60s"
     rig.write("rate", "400 Gb/sec (4X NDR)")
     assert rig.read(3.0) == DEGRADED and rig.state.reason == "symbol_error 500/60s"

@@ -47,7 +47,8 @@ def test_defaults_are_the_documented_numbers() -> None:
     [
         ({"thresholds": {"symbol_error": {"degrade": 5, "clear": 5}}}, "must be below degrade"),
         ({"window_s": 0}, "greater than 0"),
-        ({"clear_after_s": -1}, "greater than 0"),
+        ({"clear_after_s": -1}, "greater than or equal to 1"),
+        ({"clear_after_s": 0.5}, "greater than or equal to 1"),  # under one counter reading
         ({"thresholds": {"x": {"degrade": 0, "clear": 0}}}, "greater than or equal to 1"),
     ],
 )

@@ -126,12 +126,17 @@ async def test_corrupt_or_unknown_counter_health_file_starts_clean(tmp_path: Pat
         ('{"version": 1, "ports": {"mlx5_0/1": {"rea', "Unterminated string"),
         ('{"version": 2, "ports": {}}', "unknown version 2 (this agent reads 1)"),
         ('["mlx5_0/1"]', "not a JSON object with a ports object"),
+        ('{"version": true, "ports": {}}', "unknown version True"),  # YAML/JSON true == 1
+        ('{"version": 1, "ports": {}, "rates": [400]}', "and a rates object"),
     ]:
         (state / "counter_health.json").write_text(text)
         with capture_logs() as logs:
             async with running(tmp_path, root) as agent:
                 assert _status(agent, "mlx5_0/1") == UP
-                await until(lambda: _saved(tmp_path) == {"version": 1, "ports": {}}, "rewritten")
+                await until(
+                    lambda: _saved(tmp_path)["version"] == 1 and _saved(tmp_path)["ports"] == {},
+                    "rewritten",
+                )
         bad = [e for e in logs if e["event"] == "counter_health_state_unreadable"]
         assert len(bad) == 1 and error in bad[0]["error"], logs
 
@@ -171,3 +176,94 @@ def test_restore_health_keeps_good_entries_and_ignores_malformed_ones(tmp_path: 
     assert (
         off.restore_health({"mlx5_0/1": {"reason": REASON, "since": wall}}, now=0, wall=wall) == []
     )
+
+
+async def test_a_port_back_slower_stays_degraded_across_a_restart(tmp_path: Path) -> None:
+    """The learnt reference rate is saved: a new agent holds mlx5_0/1, which retrained from
+    4X NDR to 2X NDR while no agent ran, to 400 Gb/s, not to what it reads first."""
+    root = copy_tree(tmp_path, GPUD)
+    rate = root / "mlx5_0" / "ports" / "1" / "rate"
+    async with running(tmp_path, root):
+        await until(
+            lambda: (
+                _saved(tmp_path).get("rates") == {"mlx5_0/1": 400.0, "mlx5_1/1": 400.0}
+                if (tmp_path / "state" / "counter_health.json").exists()
+                else False
+            ),
+            "both reference rates saved",
+        )
+    put(rate, "200 Gb/sec (2X NDR)\n")
+    with capture_logs() as logs:
+        async with running(tmp_path, root) as second:
+            st = second.monitor.state("mlx5_0/1")
+            assert st is not None and (st.status, st.reason) == (DEGRADED, "rate 200 < 400 Gb/s")
+            assert _status(second, "mlx5_1/1") == UP
+            put(rate, "400 Gb/sec (4X NDR)\n")  # retrained back to 4 lanes: up again
+            await until(lambda: _status(second, "mlx5_0/1") == UP, "up at 400 Gb/s")
+    restored = [e for e in logs if e["event"] == "reference_rates_restored"]
+    assert restored[0]["rates"] == {"mlx5_0/1": 400.0, "mlx5_1/1": 400.0}
+    # a configured expected_rate_gbps is the bar instead: the operator's way to accept a
+    # port that now runs slower for good (a 200 Gb/s cable)
+    put(rate, "200 Gb/sec (2X NDR)\n")
+    settings = _settings(tmp_path, root, 300.0).model_copy(
+        update={
+            "ports": [
+                PortConfig(hca="mlx5_0", rail=0, expected_rate_gbps=200.0),
+                PortConfig(hca="mlx5_1", rail=1),
+            ]
+        }
+    )
+    agent = Agent(settings, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
+    task = asyncio.create_task(agent.run())
+    try:
+        await until(lambda: _status(agent, "mlx5_0/1") is not None, "mlx5_0/1 read")
+        assert _status(agent, "mlx5_0/1") == UP
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def test_restore_reference_rates_ignores_malformed_entries(tmp_path: Path) -> None:
+    root = copy_tree(tmp_path, GPUD)
+    put(root / "mlx5_0" / "ports" / "1" / "rate", "200 Gb/sec (2X NDR)\n")
+    mon = PortMonitor(host="gpu000", policy=DampingPolicy())
+    with capture_logs() as logs:
+        restored = mon.restore_reference_rates(
+            {
+                "mlx5_0/1": 400.0,
+                "mlx5_1/1": True,  # JSON true is not 1 Gb/s
+                "mlx5_4/1": 1e9,  # above any port
+                "mlx5_5/1": 0,
+                "mlx5_6/1": "400",
+                "bad name/1": 400.0,
+            }
+        )
+    assert restored == ["mlx5_0/1"]
+    ignored = [e["port"] for e in logs if e["event"] == "reference_rate_ignored"]
+    assert ignored == ["mlx5_1/1", "mlx5_4/1", "mlx5_5/1", "mlx5_6/1", "bad name/1"]
+    assert mon.reference_rates() == {"mlx5_0/1": 400.0}  # kept until its port is read
+    wall = 1_700_000_000.0
+    mon.observe([read_port(root, "mlx5_0", 1, now=1.0)], now=1.0, wall=wall)
+    st = mon.state("mlx5_0/1")
+    assert st is not None and (st.status, st.reason) == (DEGRADED, "rate 200 < 400 Gb/s")
+
+
+def test_a_verdict_saved_by_a_clock_ahead_counts_from_now() -> None:
+    mon = PortMonitor(host="gpu000", policy=DampingPolicy())
+    wall = 1_700_000_000.0
+    with capture_logs() as logs:
+        restored = mon.restore_health(
+            {
+                "mlx5_0/1": {"reason": REASON, "since": wall + 86_400},  # a day ahead
+                "mlx5_1/1": {"reason": REASON, "since": wall + 30},  # within the slack
+            },
+            now=10.0,
+            wall=wall,
+        )
+    assert restored == ["mlx5_0/1", "mlx5_1/1"]
+    ahead = [e for e in logs if e["event"] == "counter_health_since_in_future"]
+    assert [e["port"] for e in ahead] == ["mlx5_0/1"]
+    assert mon.health_history(now=10.0, wall=wall) == {
+        "mlx5_0/1": {"reason": REASON, "since": wall},
+        "mlx5_1/1": {"reason": REASON, "since": wall + 30},
+    }

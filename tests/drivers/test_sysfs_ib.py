@@ -198,10 +198,30 @@ def test_discovery_pci_numa_netdevs(gpud: Path, tmp_path: Path) -> None:
         ("10 Gb/sec (4X)\n", 10.0),
         ("2.5 Gb/sec (1X SDR)\n", 2.5),
         ("0 GB/sec\n", 0.0),
+        ("56 Gb/sec (4X FDR)\n", 56.0),
+        ("40 Gb/sec (4X FDR10)\n", 40.0),
+        ("2400 Gb/sec (12X XDR)\n", 2400.0),
+        ("300 Gb/sec (3X NDR)\n", 300.0),  # a width rate_show has no name for: not checked
     ],
 )
 def test_parse_rate(text: str, gbps: float) -> None:
     assert parse_rate(text) == (gbps, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("800 Gb/sec (4X NDR)\n", "800 Gb/s is not 4X NDR (400 Gb/s)"),
+        ("20 Gb/sec (4X)\n", "20 Gb/s is not 4X SDR (10 Gb/s)"),
+        ("100000 Gb/sec\n", "100000 Gb/s is above any port's (2400 Gb/s, 12X XDR)"),
+        ("5000 Gb/sec (4X GDR)\n", "5000 Gb/s is above any port's (2400 Gb/s, 12X XDR)"),
+        ("30000 Gb/sec (3X NDR)\n", "30000 Gb/s is above any port's (2400 Gb/s, 12X XDR)"),
+    ],
+)
+def test_parse_rate_refuses_what_rate_show_never_prints(text: str, problem: str) -> None:
+    """rate_show prints width x lane rate; anything else is a corrupt or forged file, and a
+    rate the monitor could take as the port's bar (it is held to it until a restart)."""
+    assert parse_rate(text) == (None, problem)
 
 
 def test_parse_state_and_phys_state() -> None:
