@@ -43,7 +43,14 @@ from typing import TypeVar
 import structlog
 
 from linkguard.drivers.base import PortObservation
-from linkguard.models import LANE_GBPS, LinkLayer, PhysState, PortStateName
+from linkguard.models import (
+    LANE_GBPS,
+    LINK_WIDTHS,
+    MAX_PORT_RATE_GBPS,
+    LinkLayer,
+    PhysState,
+    PortStateName,
+)
 
 __all__ = [
     "COUNTER_WIDTHS",
@@ -124,9 +131,7 @@ _PHYS_BY_NUM = {
 _NUM_NAME = re.compile(r"^\s*(\d{1,3})\s*:\s*(.*?)\s*$", re.S)
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb|GB)/sec(?:\s*\(([^)]*)\))?\s*$")
 #: rate_show's widths (ib_width_enum_to_int); it prints SDR with no name: ``10 Gb/sec (4X)``
-_WIDTHS = frozenset({1, 2, 4, 8, 12})
 _LANES = re.compile(r"^\s*(\d{1,3})X\s*([A-Za-z0-9]*)\s*$")
-_MAX_RATE_GBPS = 12 * LANE_GBPS["XDR"]
 _HCA_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _NETDEV_NAME = re.compile(r"^[A-Za-z0-9_.\-@:]{1,15}$")
 _PCI_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -210,7 +215,7 @@ def parse_rate(text: str) -> tuple[float | None, str | None]:
     and ``0 GB/sec`` (-> 0.0; the capital-B form is only seen with 0 and read as Gb/s).
     Format: drivers/infiniband/core/sysfs.c ``rate_show``, which prints the active width times
     the lane rate (:data:`linkguard.models.LANE_GBPS`). A rate that is not that product
-    (``800 Gb/sec (4X NDR)``), or above ``_MAX_RATE_GBPS`` (12X XDR) with no known width and
+    (``800 Gb/sec (4X NDR)``), or above ``MAX_PORT_RATE_GBPS`` (12X XDR) with no known width and
     speed, is no reading the kernel makes: a problem, never a rate a port is then held to."""
     if not text.strip():
         return None, "empty"
@@ -221,12 +226,12 @@ def parse_rate(text: str) -> tuple[float | None, str | None]:
     lanes = _LANES.match(m.group(2) or "") if m is not None else None
     width = int(lanes.group(1)) if lanes is not None else 0
     speed = (lanes.group(2).upper() or "SDR") if lanes is not None else ""
-    if width in _WIDTHS and speed in LANE_GBPS:
+    if width in LINK_WIDTHS and speed in LANE_GBPS:
         expected = width * LANE_GBPS[speed]
         if rate != expected:
             return None, f"{rate:g} Gb/s is not {width}X {speed} ({expected:g} Gb/s)"
-    elif rate > _MAX_RATE_GBPS:
-        return None, f"{rate:g} Gb/s is above any port's ({_MAX_RATE_GBPS:g} Gb/s, 12X XDR)"
+    elif rate > MAX_PORT_RATE_GBPS:
+        return None, f"{rate:g} Gb/s is above any port's ({MAX_PORT_RATE_GBPS:g} Gb/s, 12X XDR)"
     return rate, None
 
 

@@ -284,6 +284,7 @@ class VerbsEventReader:
         self.stats = ReaderStats()
         self._logged: set[str] = set()
         self._done = False  # no_devices / unavailable: not restarted
+        self._line_count = 0  # lines read from the reader, all runs
 
     def _once(self, key: str, level: str, event: str, **kw: object) -> None:
         if key not in self._logged:
@@ -295,17 +296,25 @@ class VerbsEventReader:
         failures = 0
         while not self._done:
             started = time.monotonic()
+            lines = self._line_count
             rc, why = await self._run_once()
             if self._done:
                 return
             failures = 1 if time.monotonic() - started >= self.stable_s else failures + 1
             delay = backoff_s(failures, min_s=self.backoff_min_s, max_s=self.backoff_max_s)
+            hint = "events only speed detection up; ports are still polled"
+            if self._line_count == lines and not why:  # not a word: not the reader at all?
+                hint = (
+                    f"the reader printed nothing: is {self.argv[0]} a Python with rdma-core's "
+                    f"pyverbs (try: {self.argv[0]} -c 'import pyverbs')? Set verbs_python, or "
+                    f"verbs_events: off; {hint}"
+                )
             log.warning(
                 "verbs_reader_exited",
                 rc=rc,
                 detail=why,
                 restart_in_s=round(delay, 3),
-                hint="events only speed detection up; ports are still polled",
+                hint=hint,
             )
             await asyncio.sleep(delay)
 
@@ -375,6 +384,7 @@ class VerbsEventReader:
                 continue
             if not line:
                 return
+            self._line_count += 1
             self.handle(line)
 
     def _bad(self, reason: str) -> None:

@@ -34,7 +34,13 @@ from pydantic_settings import (
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer, SettingsModel
+from linkguard.models import (
+    MAX_MESSAGE_BYTES,
+    MAX_PORT_RATE_GBPS,
+    PORT_RATES_GBPS,
+    LinkLayer,
+    SettingsModel,
+)
 from linkguard.topology.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -303,11 +309,28 @@ class PortConfig(_Section):
     expected_rate_gbps: float | None = Field(
         None,
         gt=0,
-        le=100_000,
         description="the rate (Gb/s) this port must run at to be used, while up and when it "
         "comes back from hold-down; below it the port is degraded (None: the highest rate "
-        "read while up)",
+        "read while up). One a port reports: a width (1, 2, 4, 8, 12 lanes) times a lane "
+        "rate (SDR 2.5 ... XDR 200), e.g. 100, 200, 400, 800",
     )
+
+    @field_validator("expected_rate_gbps")
+    @classmethod
+    def _a_port_rate(cls, v: float | None) -> float | None:
+        """A port never reports a rate outside :data:`~linkguard.models.PORT_RATES_GBPS`: a bar
+        above every reading (or between them) would keep the port degraded for good."""
+        if v is None or v in PORT_RATES_GBPS:
+            return v
+        if v > MAX_PORT_RATE_GBPS:
+            raise ValueError(
+                f"{v:g} Gb/s is above any port's rate ({MAX_PORT_RATE_GBPS:g} Gb/s, 12X XDR)"
+            )
+        near = sorted(PORT_RATES_GBPS, key=lambda r: (abs(r - v), r))[:2]
+        raise ValueError(
+            f"{v:g} Gb/s is no rate a port reports (a width 1X/2X/4X/8X/12X times a lane "
+            f"rate SDR 2.5 ... XDR 200 Gb/s); nearest: {' or '.join(f'{r:g}' for r in near)}"
+        )
 
 
 def resolve_command(command: str) -> str:
@@ -456,7 +479,8 @@ class ProbeRunSettings(_Section):
     settings and their values) for settings that would switch localisation off:
     ``min_samples > window_s * rate_pps`` (no pair ever gets enough probes in a window),
     ``min_probers > fan_out`` (never enough witnesses), ``timeout_s > window_s``,
-    ``window_s > epoch_s``; and for ``fan_out * rate_pps > 16`` or ``cross_su > fan_out``."""
+    ``window_s > epoch_s``, ``clear_after_s < window_s``; and for ``fan_out * rate_pps > 16``
+    or ``cross_su > fan_out``."""
 
     enabled: bool = Field(False, description="probe rails and act on localised faults")
     mode: Literal["udp", "roce"] = Field("udp", description="udp on RoCE NICs (see probe.py)")
@@ -482,7 +506,7 @@ class ProbeRunSettings(_Section):
             raise ValueError(
                 f"fan_out {self.fan_out} x rate_pps {self.rate_pps:g} = "
                 f"{self.fan_out * self.rate_pps:g} probes/s per port > 16 (the bound that keeps "
-                "a 16,384-GPU fleet under 524,288 packets/s)"
+                "a 16,384-GPU fleet at or under 524,288 packets/s)"
             )
         if self.cross_su > self.fan_out:
             raise ValueError(f"cross_su {self.cross_su} > fan_out {self.fan_out}")
@@ -513,6 +537,12 @@ class ProbeRunSettings(_Section):
             raise ValueError(
                 f"window_s {self.window_s:g} > epoch_s {self.epoch_s:g}: the probe plan would "
                 "rotate before a report window ends"
+            )
+        if self.clear_after_s < self.window_s:
+            raise ValueError(
+                f"clear_after_s {self.clear_after_s:g} < window_s {self.window_s:g}: a verdict "
+                "would clear before one whole window of answered probes, and a lossy port "
+                "would flap between drained and used; give clear_after_s >= window_s"
             )
         return self
 

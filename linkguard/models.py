@@ -12,6 +12,7 @@ Port state names and numbers follow the InfiniBand Architecture Specification vo
 from __future__ import annotations
 
 import ipaddress
+import re
 import types
 from collections.abc import Mapping
 from enum import StrEnum
@@ -29,7 +30,10 @@ from pydantic import (
 
 __all__ = [
     "LANE_GBPS",
+    "LINK_WIDTHS",
     "MAX_MESSAGE_BYTES",
+    "MAX_PORT_RATE_GBPS",
+    "PORT_RATES_GBPS",
     "Ack",
     "AckResult",
     "Backup",
@@ -86,6 +90,16 @@ LANE_GBPS: dict[str, float] = {
     "XDR": 200.0,
 }
 
+#: Link widths (lanes) a port runs at, as sysfs ``rate`` prints them ("(4X NDR)"; IBTA Vol. 1
+#: PortInfo LinkWidthActive: 1x, 2x, 4x, 8x, 12x).
+LINK_WIDTHS: tuple[int, ...] = (1, 2, 4, 8, 12)
+#: Every rate (Gb/s) a port reports: a width times a lane rate (2.5 ... 2400).
+PORT_RATES_GBPS: frozenset[float] = frozenset(
+    w * g for w in LINK_WIDTHS for g in LANE_GBPS.values()
+)
+#: The fastest port rate there is: 12X XDR, 2400 Gb/s.
+MAX_PORT_RATE_GBPS: float = max(LINK_WIDTHS) * LANE_GBPS["XDR"]
+
 HostName = Annotated[
     str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ]
@@ -120,24 +134,42 @@ def _number_kind(annotation: Any) -> type | None:
     return kinds.pop() if len(kinds) == 1 and kinds <= {int, float} else None
 
 
+#: Text that is a number with a point or an exponent ("4.0", "4e0"): an environment variable
+#: for a whole-number field that pydantic's lax mode would take as 4.
+_FRACTIONAL = re.compile(r"\s*[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)\s*")
+
+
 class SettingsModel(BaseModel):
     """Base of the settings sections: a number field takes numbers only. pydantic's lax mode
     reads YAML ``true`` as 1 and ``4.0`` as the whole number 4; here ``true``/``false`` in a
     number field and any float in a whole-number field raise ValueError (``must be a number,
     not true``; ``must be a whole number, not 4.0``). The environment's text (``"4"``) is
-    still parsed as before."""
+    still parsed as before, but ``"4.0"`` in a whole-number field is refused as in YAML. A
+    section with an ``enabled`` switch given as a bare ``true``/``false`` is refused with the
+    form to write (``{enabled: false}``)."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _numbers_only(cls, v: object, info: ValidationInfo) -> object:
         field = cls.model_fields.get(info.field_name or "")
-        kind = _number_kind(field.annotation) if field is not None else None
+        section = field.annotation if field is not None else None
+        if (
+            isinstance(v, bool)
+            and isinstance(section, type)
+            and issubclass(section, BaseModel)
+            and "enabled" in section.model_fields
+        ):  # ``counter_health: false``: a section with an on/off switch
+            word = str(v).lower()
+            raise ValueError(f"a section, not a switch: write {{enabled: {word}}}, not {word}")
+        kind = _number_kind(section)
         if kind is None:
             return v
         if isinstance(v, bool):
             raise ValueError(f"must be a number, not {str(v).lower()}")
         if kind is int and isinstance(v, float):
             raise ValueError(f"must be a whole number, not {v!r}")
+        if kind is int and isinstance(v, str) and _FRACTIONAL.fullmatch(v):
+            raise ValueError(f"must be a whole number, not {v.strip()!r}")
         return v
 
 

@@ -540,3 +540,82 @@ def test_numbers_from_the_environment_still_load(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("LINKGUARD_PROBES__FAN_OUT", "true")
     with pytest.raises(ConfigError, match=r"probes\.fan_out"):
         load_settings(AgentSettings)
+
+
+@pytest.mark.parametrize(
+    ("cls", "text", "message"),
+    [
+        (
+            AgentSettings,
+            "counter_health: {thresholds: {symbol_error: {degrad: 5}}}\n",
+            "counter_health: thresholds.symbol_error: unknown key(s) degrad; give degrade, "
+            "clear or both",
+        ),
+        (
+            AgentSettings,
+            "counter_health: false\n",
+            "counter_health: a section, not a switch: write {enabled: false}, not false",
+        ),
+        (
+            ServiceSettings,
+            "probes: true\n",
+            "probes: a section, not a switch: write {enabled: true}, not true",
+        ),
+        (
+            AgentSettings,
+            "probes: {clear_after_s: 0}\n",
+            "probes: clear_after_s 0 < window_s 10: a verdict would clear before one whole "
+            "window of answered probes",
+        ),
+        (
+            AgentSettings,
+            "ports: [{hca: mlx5_0, expected_rate_gbps: 3000}]\n",
+            "ports.0.expected_rate_gbps: 3000 Gb/s is above any port's rate (2400 Gb/s, 12X XDR)",
+        ),
+        (
+            AgentSettings,
+            "ports: [{hca: mlx5_0, expected_rate_gbps: 401}]\n",
+            "ports.0.expected_rate_gbps: 401 Gb/s is no rate a port reports (a width "
+            "1X/2X/4X/8X/12X times a lane rate SDR 2.5 ... XDR 200 Gb/s); nearest: 400 or 300",
+        ),
+    ],
+)
+def test_settings_mistakes_are_named_with_the_fix(
+    tmp_path: Path, cls: type, text: str, message: str
+) -> None:
+    """The first fresh-eyes pass of issue 8 met these: a misspelt threshold key reported as
+    a missing one, a bare false for a section, a clear_after_s of 0 taken (a verdict cleared
+    at the first clean window), an expected rate no port reports (drained for good)."""
+    with pytest.raises(ConfigError) as err:
+        load_settings(cls, _yaml(tmp_path, text))
+    assert message in str(err.value), str(err.value)
+
+
+def test_a_negative_degrade_alone_is_the_one_error(tmp_path: Path) -> None:
+    """``degrade: -5`` alone: clear filled in from the default, so only degrade is named."""
+    with pytest.raises(ConfigError) as err:
+        load_settings(
+            AgentSettings,
+            _yaml(tmp_path, "counter_health: {thresholds: {symbol_error: {degrade: -5}}}\n"),
+        )
+    text = str(err.value)
+    assert (
+        "counter_health.thresholds.symbol_error.degrade: Input should be greater than or " in text
+    )
+    assert ".clear" not in text
+
+
+def test_env_misspelt_threshold_key_and_fractional_whole_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__DEGRAD", "5")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) degrad"):
+        load_settings(AgentSettings)
+    monkeypatch.delenv("LINKGUARD_COUNTER_HEALTH__THRESHOLDS__SYMBOL_ERROR__DEGRAD")
+    monkeypatch.setenv("LINKGUARD_PROBES__FAN_OUT", "4.0")  # YAML 4.0 is refused: so is this
+    with pytest.raises(ConfigError, match=r"probes\.fan_out: must be a whole number, not '4\.0'"):
+        load_settings(AgentSettings)
+    monkeypatch.setenv("LINKGUARD_PROBES__FAN_OUT", " 4 ")
+    assert load_settings(AgentSettings).probes.fan_out == 4
+    monkeypatch.setenv("LINKGUARD_PORTS", '[{"hca": "mlx5_0", "expected_rate_gbps": 800}]')
+    assert load_settings(AgentSettings).ports[0].expected_rate_gbps == 800.0

@@ -726,6 +726,18 @@ class TopologyService:
                 self.localize_probes(now=now, verdicts=verdicts)
             await asyncio.sleep(cfg.window_s)
 
+    async def _clear_probe_targets(self, hosts: list[str], *, why: str) -> None:
+        """Delete the retained ``probes/<host>`` of ``hosts`` (a zero-length retained
+        publish each; deleting one the broker does not hold costs nothing): targets an
+        earlier run published outlive it, and an agent keeps probing them until told
+        otherwise (with probes off, every fabric host's are deleted once, after the startup
+        settle). Logged as ``probe_targets_cleared`` (hosts, why). Never by a service that
+        found another one running (the targets may be that one's)."""
+        if not hosts or self.duplicate is not None:
+            return
+        await self._publish_retained([(topics.probe_targets(h), b"") for h in hosts])
+        log.info("probe_targets_cleared", hosts=len(hosts), why=why)
+
     def _on_probe_report(self, report: ProbeReport, *, now: float) -> None:
         """Keep the pairs of ``report`` as results at ``now`` (monotonic s); ``report.host``
         is its topic's host (``decode`` refuses another one: ``wrong_host``). Only pairs the
@@ -1362,6 +1374,8 @@ class TopologyService:
         self._warn_unknown_ports()
         await self._adopt_inherited_faults()
         await self._clear_stale_plans()
+        if not self.settings.probes.enabled:
+            await self._clear_probe_targets(sorted(self.state.host_names), why="probes disabled")
         while True:
             # clear before solving: a change that arrives during the solve (it runs in a
             # thread) leaves the kick set and schedules its own solve

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import os
 import random
 import signal
 import time
@@ -256,6 +257,8 @@ class Agent:
         self._health_path = settings.state_dir / "counter_health.json"
         # (counter verdicts, reference rates) last written; None: the file needs a rewrite
         self._health_saved: tuple[dict[str, str], dict[str, float]] | None = None
+        #: verdicts of counter_health.json kept as they are while counter health is disabled
+        self._health_kept: dict[str, object] = {}
         self._restore_health()
         self.applier = Applier(
             host=self.host,
@@ -498,15 +501,25 @@ class Agent:
         restart must not clear a port degraded on its error counters, nor make a port that
         retrained to a lower rate look healthy at that rate. The clear timer restarts at load
         (``clear_after_s`` of clean readings after the restart, see
-        :meth:`PortMonitor.restore_health`). A missing file: nothing to restore; an unreadable,
-        corrupt or unknown-version one is logged and the agent starts clean."""
+        :meth:`PortMonitor.restore_health`). A missing file: nothing to restore; an unreadable
+        one is logged and the agent starts clean; a corrupt or unknown-version one (a newer
+        agent's) is also moved aside to ``counter_health.json.bad`` before this agent writes
+        its own (``counter_health_state_moved_aside``). With ``counter_health.enabled`` false
+        the file's verdicts are kept in it as they are (``counter_health_verdicts_kept``), for
+        when counter health is on again."""
         try:
             doc = json.loads(self._health_path.read_text())
         except FileNotFoundError:
             self._health_saved = ({}, {})  # nothing to write until a port degrades or a
             # reference rate is learnt
             return
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:  # not JSON, not UTF-8
+            log.warning(
+                "counter_health_state_unreadable", path=str(self._health_path), error=str(exc)
+            )
+            self._move_health_aside()
+            return
+        except OSError as exc:  # EIO, EACCES: the file may be fine; it is rewritten as is
             log.warning(
                 "counter_health_state_unreadable", path=str(self._health_path), error=str(exc)
             )
@@ -524,10 +537,24 @@ class Agent:
             log.warning(
                 "counter_health_state_unreadable", path=str(self._health_path), error=error[:200]
             )
+            self._move_health_aside()
             return
         restored = self.monitor.restore_health(ports, now=time.monotonic(), wall=time.time())
         if restored:
             log.info("counter_health_restored", ports=restored)
+        if not self.settings.counter_health.enabled and ports:
+            self._health_kept = {
+                k: v
+                for k, v in ports.items()
+                if isinstance(v, dict) and isinstance(v.get("reason"), str)
+            }
+            restored = list(self._health_kept)  # kept: not rewritten for them
+            log.info(
+                "counter_health_verdicts_kept",
+                ports=sorted(self._health_kept)[:64],
+                why="counter_health is disabled: the verdicts are kept in the file, not "
+                "applied, and restored when it is enabled again",
+            )
         rates_restored = self.monitor.restore_reference_rates(rates)
         if rates_restored:
             log.info("reference_rates_restored", rates={k: rates[k] for k in rates_restored})
@@ -538,10 +565,26 @@ class Agent:
                 {k: float(rates[k]) for k in rates_restored},
             )
 
+    def _move_health_aside(self) -> None:
+        """Rename a counter_health.json this agent cannot read to ``.bad`` (replacing an older
+        one), so the next write loses nothing a person (or a newer agent) may want."""
+        aside = self._health_path.with_name(self._health_path.name + ".bad")
+        try:
+            os.replace(self._health_path, aside)
+        except OSError as exc:
+            log.warning(
+                "counter_health_state_not_moved", path=str(self._health_path), error=str(exc)
+            )
+            return
+        log.warning("counter_health_state_moved_aside", path=str(self._health_path), to=str(aside))
+
     def _save_health(self) -> None:
         """Write the counter-health verdicts and reference rates when they changed since the
-        last write."""
-        ports = self.monitor.health_history(now=time.monotonic(), wall=time.time())
+        last write (with counter health disabled, the verdicts read at start as they were)."""
+        ports = {
+            **self._health_kept,
+            **self.monitor.health_history(now=time.monotonic(), wall=time.time()),
+        }
         rates = self.monitor.reference_rates()
         verdicts = ({k: str(v["reason"]) for k, v in ports.items()}, rates)
         if verdicts == self._health_saved:
@@ -730,8 +773,12 @@ class Agent:
     def _on_probe_targets(self, msg: BusMessage) -> None:
         """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
         change no route; the broker's ACL lets only the service publish them); a bad one is
-        dropped and counted like any message."""
-        if self.prober is None or not msg.payload:
+        dropped and counted like any message. An empty one (the service deleted the
+        retained targets) stops the probes."""
+        if self.prober is None:
+            return
+        if not msg.payload:
+            self.prober.clear_targets()
             return
         try:
             targets = decode(

@@ -237,17 +237,24 @@ def _as_int(v: object) -> int | None:
 
 def _fill_threshold(name: str, t: Mapping[str, object]) -> dict[str, object]:
     """``t`` (one counter's override) with the missing ``degrade`` or ``clear`` filled in from
-    ``DEFAULT_THRESHOLDS[name]``; ValueError naming the counter when neither is given or the
-    pair has ``clear >= degrade``."""
+    ``DEFAULT_THRESHOLDS[name]``; ValueError naming the counter when neither is given, a key
+    is neither, or the pair has ``clear >= degrade``."""
     default = DEFAULT_THRESHOLDS[name]
     out = dict(t)
+    extra = sorted(str(k) for k in out if k not in ("degrade", "clear"))
+    if extra:  # a misspelt key (``degrad``; the environment's ..._DEGRAD) is named
+        raise ValueError(
+            f"thresholds.{name}: unknown key(s) {', '.join(extra)}; give degrade, clear or both"
+        )
     if "degrade" not in out and "clear" not in out:
         raise ValueError(f"thresholds.{name}: give degrade, clear or both")
     if "degrade" not in out:
         out["degrade"] = default.degrade
     elif "clear" not in out:
         d = _as_int(out["degrade"])
-        out["clear"] = default.clear if d is None or default.clear < d else d // 10
+        # a degrade under 1 is refused on its own; the clear filled in must not add an error
+        keep = d is None or d < 1 or default.clear < d
+        out["clear"] = default.clear if keep else d // 10
     d, c = _as_int(out["degrade"]), _as_int(out["clear"])
     if d is not None and d >= 1 and c is not None and c >= d:  # degrade 0: pydantic's ge=1
         which = ", the default degrade" if "degrade" not in t else ""

@@ -29,7 +29,9 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
   re-reads rate and link layer at most ``counters_interval_s`` = 1 s earlier, the GID table at
   its last state change or re-discovery) is compared with what it had while last UP. A rate
   below that (or below the port's configured ``expected_rates``) -> DEGRADED
-  ``"rate 200 < 400 Gb/s"`` until the rate is back; a changed link layer -> DEGRADED
+  ``"rate 200 < 400 Gb/s"`` until the rate is back; a rate that cannot be read (``N/A``, a
+  broken file) where the port had a learnt one -> DEGRADED ``"rate unreadable (was 400
+  Gb/s)"`` until a reading passes the check; a changed link layer -> DEGRADED
   ``"link_layer InfiniBand -> Ethernet"`` until it is back (logged); GID indexes that moved are
   logged and published as ``gid_index_changed`` (the port is still re-admitted).
 * The rate rule holds while the port is up too (a retrain too fast for the state poll, or a
@@ -741,7 +743,7 @@ class PortMonitor:
         o = p.obs
         if p.readmit_reason is not None and o is not None:
             layer_ok = p.admitted_layer is None or p.link_layer == p.admitted_layer
-            if self._rate_short(p, o) is None and layer_ok:
+            if self._readmit_rate(p, o) is None and layer_ok:
                 log.info(
                     "port_readmission_recovered", host=self.host, port=key, was=p.readmit_reason
                 )
@@ -795,13 +797,23 @@ class PortMonitor:
             return f"rate {o.rate_gbps:g} < {ref:g} Gb/s"
         return None
 
+    def _readmit_rate(self, p: _Port, o: PortObservation) -> str | None:
+        """:meth:`_rate_short`, and, for a port that has a learnt reference, an unread rate:
+        ``"rate unreadable (was 400 Gb/s)"``. A port is not re-admitted on a rate it cannot
+        show (the check would pass on nothing); one that never had a readable rate (the
+        netlink driver reads none) has no reference and is not held to one."""
+        short = self._rate_short(p, o)
+        if short is None and o.rate_gbps is None and p.ref_rate is not None:
+            return f"rate unreadable (was {self._ref_rate(p):g} Gb/s)"
+        return short
+
     def _readmit(self, p: _Port) -> None:
         """Compare the port coming back from hold-down with what it was while last UP (rate,
         link layer, GID table); sets ``readmit_reason`` / ``gid_index_changed`` and logs."""
         o, key = p.obs, f"{p.hca}/{p.port}"
         if o is None:
             return
-        rate_short = self._rate_short(p, o)
+        rate_short = self._readmit_rate(p, o)
         reasons = [] if rate_short is None else [rate_short]
         if p.admitted_layer is not None and p.link_layer != p.admitted_layer:
             was = p.admitted_layer.value

@@ -96,6 +96,14 @@ class ProbeRunner:
             self.targets = targets
             self._changed.set()
 
+    def clear_targets(self) -> None:
+        """Stop probing (the service deleted this host's targets: probes are off, or it has
+        no port to probe); the responders close too. Logged as ``probes_stopped``."""
+        if self.targets is not None:
+            log.info("probes_stopped", epoch=self.targets.epoch, why="targets deleted")
+            self.targets = None
+            self._changed.set()
+
     async def run(self, publish: Publish) -> None:
         while True:
             await self._changed.wait()

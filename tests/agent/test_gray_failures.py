@@ -301,6 +301,38 @@ def test_back_at_a_lower_rate_is_degraded_until_the_rate_is_back(gpud: Path) -> 
     ]
 
 
+def test_back_with_an_unreadable_rate_is_degraded_until_a_rate_reads(gpud: Path) -> None:
+    """The re-admission check cannot pass on a rate it cannot read: N/A, then the file
+    gone, keep the port out; the first rate read at its reference lets it in."""
+    rig = Rig(gpud)
+    assert rig.read(0.0) == UP
+    assert rig.tick(3.0) == UP  # 400 Gb/s learnt
+    flap(rig, 4.0, 5.0, rate="N/A")
+    assert rig.state.rate_gbps is None
+    assert rig.tick(15.0) == DEGRADED
+    assert rig.state.reason == "rate unreadable (was 400 Gb/s)" and not rig.state.usable
+    (rig.dir / "rate").unlink()
+    assert rig.read(16.0) == DEGRADED
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(17.0) == UP and rig.state.reason is None
+    assert rig.transitions[-2:] == ["held_down->degraded", "degraded->up"]
+
+
+def test_an_unreadable_rate_while_up_or_never_read_holds_nothing(gpud: Path) -> None:
+    """While up, an unread rate changes nothing (the rate rule compares readings); a port
+    whose rate was never read (as with the netlink driver) is re-admitted on the rest."""
+    rig = Rig(gpud)
+    rig.write("rate", "N/A")
+    assert rig.read(0.0) == UP and rig.state.rate_gbps is None
+    flap(rig, 1.0, 2.0)
+    assert rig.tick(12.0) == UP and rig.state.reason is None
+    rig.write("rate", "400 Gb/sec (4X NDR)")
+    assert rig.read(13.0) == UP and rig.tick(16.0) == UP
+    assert rig.mon.reference_rates() == {"mlx5_0/1": 400.0}
+    rig.write("rate", "N/A")
+    assert rig.read(17.0) == UP and rig.state.reason is None
+
+
 def test_back_at_the_same_rate_is_up(gpud: Path) -> None:
     rig = Rig(gpud)
     rig.read(0.0)

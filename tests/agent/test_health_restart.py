@@ -139,6 +139,45 @@ async def test_corrupt_or_unknown_counter_health_file_starts_clean(tmp_path: Pat
                 )
         bad = [e for e in logs if e["event"] == "counter_health_state_unreadable"]
         assert len(bad) == 1 and error in bad[0]["error"], logs
+        # what this agent could not read is kept aside, not overwritten
+        assert (state / "counter_health.json.bad").read_text() == text
+        moved = [e for e in logs if e["event"] == "counter_health_state_moved_aside"]
+        assert [e["to"] for e in moved] == [str(state / "counter_health.json.bad")]
+
+
+async def test_verdicts_are_kept_while_counter_health_is_disabled(tmp_path: Path) -> None:
+    """``counter_health: {enabled: false}`` applies no verdict but keeps the file's, and the
+    next agent with it enabled again restores them."""
+    root = copy_tree(tmp_path, GPUD)
+    state = tmp_path / "state"
+    state.mkdir()
+    since = time.time() - 10
+    doc = {
+        "version": 1,
+        "ports": {"mlx5_0/1": {"reason": REASON, "since": since}},
+        "rates": {"mlx5_0/1": 400.0},
+    }
+    (state / "counter_health.json").write_text(json.dumps(doc))
+    off = _settings(tmp_path, root, 300.0).model_copy(
+        update={"counter_health": CounterHealthPolicy(enabled=False)}
+    )
+    with capture_logs() as logs:
+        agent = Agent(off, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
+        task = asyncio.create_task(agent.run())
+        try:
+            await until(lambda: _status(agent, "mlx5_1/1") == UP, "mlx5_1/1 read")
+            await until(lambda: _status(agent, "mlx5_0/1") == UP, "not degraded: disabled")
+            # a reference rate learnt on the other port rewrites the file: the verdict stays
+            await until(lambda: "mlx5_1/1" in _saved(tmp_path)["rates"], "mlx5_1/1 rate saved")
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 10)
+    kept = [e for e in logs if e["event"] == "counter_health_verdicts_kept"]
+    assert [e["ports"] for e in kept] == [["mlx5_0/1"]]
+    assert _saved(tmp_path)["ports"] == {"mlx5_0/1": {"reason": REASON, "since": since}}
+    async with running(tmp_path, root) as again:  # enabled again: degraded from its start
+        st = again.monitor.state("mlx5_0/1")
+        assert st is not None and (st.status, st.reason) == (DEGRADED, REASON)
 
 
 def test_restore_health_keeps_good_entries_and_ignores_malformed_ones(tmp_path: Path) -> None:

@@ -140,6 +140,11 @@ async def _fleet_localises(
                   f"{PROBES.clear_after_s} s)")  # fmt: skip
             assert all(a.stats.messages_dropped == {} for a in agents.values())
             assert all(a.prober is not None and a.prober.failures == 0 for a in agents.values())
+            # the retained targets deleted (a service restarted with probes off): it stops
+            victim = agents[VICTIM].prober
+            assert victim is not None and victim.targets is not None
+            assert await operator.publish(topics.probe_targets(VICTIM), b"", retain=True)
+            await until(lambda: victim.targets is None, "the victim's probes to stop")
             return [e for e in logs if e["event"] in ("probe_verdict", "probe_rail_failed")]
     finally:
         for a in agents.values():

@@ -103,6 +103,34 @@ async def test_an_address_not_on_this_host_is_logged_not_fatal() -> None:
     assert len(failed) == 1 and failed[0]["address"] == "192.0.2.1"
 
 
+async def test_deleted_targets_stop_the_probes() -> None:
+    port = _free_udp_port()
+    reports: list[ProbeReport] = []
+    with capture_logs() as logs:
+        async with _runner("gpu000", reports) as a:
+            a.set_targets(_targets("gpu000", A, "gpu001", B, port))
+            await until(lambda: len(reports) >= 1, "a first report")
+            a.clear_targets()
+            assert a.targets is None
+            # the responder closes with the probes: A's probe port is free again
+            await until(lambda: _udp_free(A, port), "the responder closed")
+            n = len(reports)
+            a.set_targets(_targets("gpu000", A, "gpu001", B, port, epoch=2))
+            await until(lambda: any(r.epoch == 2 for r in reports[n:]), "new targets probed")
+            assert all(r.epoch == 2 for r in reports[n:])
+    stopped = [e for e in logs if e["event"] == "probes_stopped"]
+    assert [e["epoch"] for e in stopped] == [1]
+
+
+def _udp_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+        return True
+
+
 def test_targets_of_another_host_are_refused() -> None:
     with pytest.raises(ValueError, match="gpu001"):
         ProbeRunner("gpu000").set_targets(_targets("gpu001", A, "gpu000", B, 47_910))

@@ -411,7 +411,26 @@ async def test_a_crashing_reader_is_restarted_with_backoff(tmp_path: Path) -> No
     assert gaps[2] > gaps[0] + 0.2
     exited = [e for e in logs if e["event"] == "verbs_reader_exited"]
     assert exited[0]["rc"] == 3 and "Traceback: boom" in exited[0]["detail"]
+    assert exited[0]["hint"] == "events only speed detection up; ports are still polled"
     assert [e["restart_in_s"] for e in exited[:4]] == [0.1, 0.2, 0.4, 0.4]
+
+
+async def test_a_reader_command_that_says_nothing_points_at_verbs_python(tmp_path: Path) -> None:
+    """``verbs_python: /bin/false`` starts, exits 1 and says nothing: the log says to check
+    that verbs_python is a Python with pyverbs, not only that the reader exited."""
+    false = Path("/bin/false")
+    rr = VerbsEventReader(
+        target=SysfsIBSource(root=tmp_path), watched=WATCHED, python=false, backoff_min_s=0.01
+    )
+    with capture_logs() as logs:
+        task = asyncio.create_task(rr.run())
+        await until(lambda: rr.stats.exits >= 1, "the reader to exit")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    exited = [e for e in logs if e["event"] == "verbs_reader_exited"]
+    assert exited[0]["rc"] == 1 and exited[0]["detail"] == ""
+    assert "is /bin/false a Python with rdma-core's pyverbs" in exited[0]["hint"]
+    # a reader that crashed with a traceback is not told that (test above: detail is enough)
 
 
 async def test_no_devices_and_unavailable_are_said_once_and_not_restarted(tmp_path: Path) -> None:

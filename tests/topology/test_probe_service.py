@@ -45,9 +45,9 @@ def _settings(**probes: object) -> ServiceSettings:
 
 @asynccontextmanager
 async def _running(
-    settings: ServiceSettings, fabric: Fabric = FABRIC
+    settings: ServiceSettings, fabric: Fabric = FABRIC, broker: MemoryBroker | None = None
 ) -> AsyncIterator[tuple[TopologyService, MemoryBus]]:
-    broker = MemoryBroker()
+    broker = broker or MemoryBroker()
     service = TopologyService(
         settings, fabric=fabric, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
     )
@@ -132,6 +132,22 @@ async def test_disabled_service_publishes_no_targets_and_ignores_reports() -> No
         await until(lambda: service.dropped["not_json"] == 1, "the sentinel event")
         assert _targets(agents) == {}
         assert service.probe_reports == 0 and service.dropped == {"not_json": 1}
+
+
+async def test_a_service_with_probes_off_deletes_the_targets_an_earlier_run_left() -> None:
+    """An earlier run with probes on left retained targets; agents would keep probing them
+    after a restart with probes off unless the service deletes them."""
+    broker = MemoryBroker()
+    earlier = ProbeTargets(host=HOSTS[0], epoch=7, rails=[])
+    async with MemoryBus(broker=broker, client_id="earlier-run") as old:
+        await old.wait_connected(5)
+        assert await old.publish(topics.probe_targets(HOSTS[0]), encode(earlier), retain=True)
+    assert topics.probe_targets(HOSTS[0]) in broker.retained
+    with capture_logs() as logs:
+        async with _running(_settings(enabled=False), broker=broker):
+            assert not any(t.startswith(f"{topics.PREFIX}/probes/") for t in broker.retained)
+    cleared = [e for e in logs if e["event"] == "probe_targets_cleared"]
+    assert [(e["hosts"], e["why"]) for e in cleared] == [(len(HOSTS), "probes disabled")]
 
 
 async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() -> None:
