@@ -254,6 +254,12 @@ class TopologyService:
         self.probe_results: dict[tuple[PortId, PortId], PairResult] = {}
         self.localizer: Localizer | None = None
         self.probe_reports = 0
+        #: per host, since when (monotonic s) its agent has been online: a probe target's
+        #: responder runs in its agent, so pairs to a host whose agent is not online (or came
+        #: online within the report's window) say nothing about the link
+        self.online_since: dict[str, float] = {}
+        #: probe pairs left out because their target's agent was not online for the window
+        self.probe_pairs_unanswerable = 0
         #: the inconclusive verdicts of the last localisation by subject (``str``): the
         #: verdict and since when (monotonic s) that subject has been inconclusive at every
         #: localisation (never acted on; :meth:`probe_verdicts` lists them)
@@ -616,6 +622,10 @@ class TopologyService:
             self._on_probe_report(obj, now=time.monotonic())
         elif isinstance(obj, HostStatus):
             was_away = obj.host in self.state.away
+            if not obj.online:
+                self.online_since.pop(obj.host, None)
+            elif obj.host not in self.online_since:
+                self.online_since[obj.host] = time.monotonic()
             self.state.on_host_status(obj, now=time.monotonic())
             self.changes.emit("host", obj.model_dump(mode="json"))
             self._audit_kick.set()
@@ -747,7 +757,14 @@ class TopologyService:
         so is one its plan did not give that host's rail (``unassigned_probe_pair``), one per
         pair. Without that, one host could report loss from all its rails to any port and be
         counted as that many witnesses. Refusals are logged per host at most every
-        :data:`PROBE_DROP_LOG_S`."""
+        :data:`PROBE_DROP_LOG_S`.
+
+        A pair whose target's agent is not online, or came online less than the report's
+        ``window_s`` + the probe ``timeout_s`` before ``now``, is left out (counted in
+        :attr:`probe_pairs_unanswerable`, not logged): the responder runs in the agent, so a
+        stopped, restarting or just-started agent would otherwise read as a dead link and
+        drain its healthy host past the offline grace period (``offline``), or drain the
+        ports probing it."""
         if self.probe_plan is None:
             return  # no targets published yet: nothing asked for this
         plan = self.probe_plans.get(report.epoch)
@@ -764,6 +781,7 @@ class TopologyService:
         self.probe_reports += 1
         unknown: list[str] = []
         unassigned: list[str] = []
+        warmup = report.window_s + self.settings.probes.timeout_s
         for pair in report.pairs:
             prober, target = PortId(report.host, pair.rail), PortId(pair.peer_host, pair.peer_rail)
             if prober not in plan.leaf or target not in plan.leaf or prober == target:
@@ -771,6 +789,10 @@ class TopologyService:
                 continue
             if target not in plan.targets.get(prober, ()):
                 unassigned.append(f"{prober}->{target}")
+                continue
+            since = self.online_since.get(target.host)
+            if since is None or now - since < warmup:
+                self.probe_pairs_unanswerable += 1
                 continue
             self.probe_results[(prober, target)] = PairResult(
                 prober,

@@ -370,6 +370,7 @@ class PortMonitor:
         self._health = CounterHealth(health)
         #: "hca/port" -> the rate (Gb/s) the port must run at to be re-admitted UP
         self._expected = dict(expected_rates or {})
+        self._expected_warned: set[str] = set()  # expected rate below a reading: said once
         if not (math.isfinite(rate_settle_s) and rate_settle_s >= 0):
             raise ValueError(f"rate_settle_s must be a finite number >= 0, got {rate_settle_s!r}")
         self._rate_settle_s = float(rate_settle_s)
@@ -464,11 +465,23 @@ class PortMonitor:
         """Take back a :meth:`history` saved by the previous agent, before the first reading: a
         port that was down or held down when it stopped is not UP at once when the new agent
         starts, it is held down as its history says (a crash loop must not bypass damping).
-        History older than the quiet period is dropped; a malformed entry is logged and
-        ignored. Returns the ports restored."""
+        History older than the quiet period is dropped; so is that of a port this monitor
+        does not watch (given ``rails``: one no longer configured or discovered, which would
+        otherwise be published with no reading, logged as ``damping_history_dropped``); a
+        malformed entry is logged and ignored. Returns the ports restored."""
         off = wall - now
         restored = []
+        gone = sorted(str(k) for k in history if self._rails and k not in self._rails)
+        if gone:
+            log.info(
+                "damping_history_dropped",
+                host=self.host,
+                ports=gone[:64],
+                why="not among this agent's ports (removed from ports:, or not discovered)",
+            )
         for key, h in history.items():
+            if self._rails and key not in self._rails:
+                continue
             try:
                 hca, _, port = key.partition("/")
                 PortRef(host=self.host, hca=hca, port=int(port))
@@ -748,6 +761,24 @@ class PortMonitor:
                     "port_readmission_recovered", host=self.host, port=key, was=p.readmit_reason
                 )
                 p.readmit_reason = None
+        expected = self._expected.get(key)
+        if (
+            expected is not None
+            and o is not None
+            and o.rate_gbps is not None
+            and o.rate_gbps > expected
+            and key not in self._expected_warned
+        ):  # a typo (40 for 400) turns the rate check off for this port: say so once
+            self._expected_warned.add(key)
+            log.warning(
+                "expected_rate_below_reading",
+                host=self.host,
+                port=key,
+                expected_gbps=expected,
+                read_gbps=o.rate_gbps,
+                hint="the port is held only to expected_rate_gbps; a slower retrain above it "
+                "goes unnoticed. Raise it to the rate the port should run at, or remove it",
+            )
         if p.readmit_reason is None and o is not None:
             # the rate rule while up: the same check as at re-admission, on every reading
             p.readmit_reason = self._rate_short(p, o)

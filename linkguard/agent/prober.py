@@ -126,6 +126,7 @@ class ProbeRunner:
         """Probe ``t`` and report every window until new targets arrive."""
         async with AsyncExitStack() as stack:
             senders: dict[int, tuple[ProbeSender, dict[str, tuple[str, int]]]] = {}
+            failed: list[int] = []
             for rail in t.rails:
                 try:
                     await stack.enter_async_context(
@@ -151,10 +152,20 @@ class ProbeRunner:
                         )
                         senders[rail.rail] = (await stack.enter_async_context(sender), peers)
                 except (OSError, ValueError) as exc:
+                    failed.append(rail.rail)
                     log.warning(
                         "probe_rail_failed", rail=rail.rail, address=rail.address, error=str(exc)
                     )
-            log.info("probes_started", epoch=t.epoch, rails=sorted(senders))
+            if t.rails and len(failed) == len(t.rails):
+                log.warning(
+                    "probes_not_started",
+                    epoch=t.epoch,
+                    rails=failed,
+                    why="no rail address of the targets could be bound on this host (or its "
+                    "netns): nothing is probed or answered; reports go out empty",
+                )
+            else:
+                log.info("probes_started", epoch=t.epoch, rails=sorted(senders))
             while not self._changed.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), t.window_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from structlog.testing import capture_logs
 
 from linkguard.agent.monitor import DampingPolicy, PortMonitor
 from linkguard.drivers.base import PortObservation
@@ -22,9 +23,9 @@ SUPP = PortStatus.SUPPRESSED
 CYCLE = [("DOWN", "Polling"), ("DOWN", "LinkUp"), ("INIT", "LinkUp"), ("ACTIVE", "LinkUp")]
 
 
-def ib(state: str, phys: str = "LinkUp") -> PortObservation:
+def ib(state: str, phys: str = "LinkUp", hca: str = "mlx5_0") -> PortObservation:
     return PortObservation(
-        hca="mlx5_0",
+        hca=hca,
         port=1,
         monotonic=0.0,
         link_layer=LinkLayer.INFINIBAND,
@@ -231,3 +232,23 @@ def test_history_survives_a_restart():
     late = PortMonitor(host="gpu-01", policy=pol)
     assert late.restore(saved, now=0.0, wall=5000 + 6 + 601) == []
     assert late.restore({"mlx5_0/1": {"raw": True}, "bad key": {}}, now=0.0, wall=1.0) == []
+
+
+def test_history_of_a_port_no_longer_watched_is_dropped() -> None:
+    """A port removed from ``ports:`` between two runs: its saved history is dropped, not
+    turned into a port that is published with no reading (found by a fresh-eyes run)."""
+    pol = DampingPolicy(hold_down_initial_s=10, quiet_period_s=600)
+    first = PortMonitor(host="gpu-01", policy=pol, rails={"mlx5_0/1": 0, "mlx5_bond_0/1": 1})
+    first.observe([ib("ACTIVE"), ib("ACTIVE", hca="mlx5_bond_0")], now=0.0, wall=5000.0)
+    first.observe(
+        [ib("DOWN", "Polling"), ib("DOWN", "Polling", hca="mlx5_bond_0")], now=1.0, wall=5001.0
+    )
+    saved = first.history(now=1.0, wall=5001.0)
+    assert sorted(saved) == ["mlx5_0/1", "mlx5_bond_0/1"]
+    second = PortMonitor(host="gpu-01", policy=pol, rails={"mlx5_0/1": 0})
+    with capture_logs() as logs:
+        assert second.restore(saved, now=0.0, wall=5002.0) == ["mlx5_0/1"]
+    (dropped,) = [e for e in logs if e["event"] == "damping_history_dropped"]
+    assert dropped["ports"] == ["mlx5_bond_0/1"]
+    assert second.state("mlx5_bond_0/1") is None
+    assert [st.hca for st in second.snapshot(wall=5002.0)] == ["mlx5_0"]

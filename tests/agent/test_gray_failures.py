@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy, PortMonitor, gid_moves
@@ -386,6 +387,17 @@ def test_configured_expected_rate_is_the_bar(gpud: Path) -> None:
 
 
 # ------------------------------------------------------------- rate drop while the port is up
+
+
+def test_an_expected_rate_below_the_reading_is_said_once(gpud: Path) -> None:
+    """``expected_rate_gbps: 40`` typed for 400: the port is held to 40 only; said once."""
+    rig = Rig(gpud, expected_rates={"mlx5_0/1": 40.0})
+    with capture_logs() as logs:
+        assert rig.read(0.0) == UP and rig.read(1.0) == UP
+        rig.write("rate", "200 Gb/sec (2X NDR)")  # slower, still over the bar: unnoticed
+        assert rig.read(2.0) == UP
+    said = [e for e in logs if e["event"] == "expected_rate_below_reading"]
+    assert [(e["expected_gbps"], e["read_gbps"]) for e in said] == [(40.0, 400.0)]
 
 
 def test_rate_drop_while_active_drains_the_port_until_the_rate_is_back(gpud: Path) -> None:

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from linkguard.agent.daemon import Agent
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy, PortMonitor
-from linkguard.config import AgentSettings, PortConfig
+from linkguard.config import AgentSettings, PortConfig, ProbeRunSettings
 from linkguard.drivers.simulated import MemoryRouteTable
 from linkguard.drivers.sysfs_ib import read_port
 from linkguard.membus import MemoryBroker
@@ -306,3 +306,20 @@ def test_a_verdict_saved_by_a_clock_ahead_counts_from_now() -> None:
         "mlx5_0/1": {"reason": REASON, "since": wall},
         "mlx5_1/1": {"reason": REASON, "since": wall + 30},
     }
+
+
+def test_service_only_probe_keys_in_an_agent_config_are_said(tmp_path: Path) -> None:
+    """An agent uses only probes.enabled; fan_out, rate_pps... given to it are ignored: said
+    once at start so an operator does not think they took effect."""
+    root = copy_tree(tmp_path, GPUD)
+    given = _settings(tmp_path, root, 300.0).model_copy(
+        update={"probes": ProbeRunSettings(enabled=False, fan_out=8, rate_pps=2)}
+    )
+    with capture_logs() as logs:
+        Agent(given, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
+    (said,) = [e for e in logs if e["event"] == "probe_settings_ignored"]
+    assert said["keys"] == ["fan_out", "rate_pps"]
+    with capture_logs() as logs:  # roce mode's own port is no key given
+        roce = given.model_copy(update={"probes": ProbeRunSettings(enabled=False, mode="roce")})
+        Agent(roce, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
+    assert [e["keys"] for e in logs if e["event"] == "probe_settings_ignored"] == [["mode"]]

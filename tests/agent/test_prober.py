@@ -101,6 +101,11 @@ async def test_an_address_not_on_this_host_is_logged_not_fatal() -> None:
             await until(lambda: any(r.epoch == 2 and r.pairs for r in reports), "new targets")
     failed = [e for e in logs if e["event"] == "probe_rail_failed"]
     assert len(failed) == 1 and failed[0]["address"] == "192.0.2.1"
+    # its only rail failed: said as a warning, not as probes started
+    (idle,) = [e for e in logs if e["event"] == "probes_not_started"]
+    assert (idle["epoch"], idle["rails"], idle["log_level"]) == (1, [0], "warning")
+    started = [e["epoch"] for e in logs if e["event"] == "probes_started"]
+    assert started == [2]
 
 
 async def test_deleted_targets_stop_the_probes() -> None:

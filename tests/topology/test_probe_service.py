@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,10 +15,19 @@ from contextlib import asynccontextmanager
 from structlog.testing import capture_logs
 
 from linkguard import topics
+from linkguard.bus import BusMessage
 from linkguard.config import AgentSettings, ServiceSettings
 from linkguard.membus import MemoryBroker, MemoryBus
 from linkguard.metrics import ServiceMetrics
-from linkguard.models import Plan, ProbePair, ProbeReport, ProbeTargets, decode, encode
+from linkguard.models import (
+    HostStatus,
+    Plan,
+    ProbePair,
+    ProbeReport,
+    ProbeTargets,
+    decode,
+    encode,
+)
 from linkguard.topology.fabric import Fabric, generate_rail_optimized
 from linkguard.topology.probeplan import PortId
 from linkguard.topology.service import TopologyService
@@ -57,6 +67,12 @@ async def _running(
         async with agents:
             await agents.wait_connected(5)
             await until(lambda: service.solves >= 1, "first solve")
+            for h in fabric.host_names:  # every agent online (their probe responders run)
+                online = HostStatus(host=h, online=True, at=time.time())
+                assert await agents.publish(topics.status(h), encode(online), retain=True)
+            await until(
+                lambda: set(service.online_since) == set(fabric.host_names), "agents online"
+            )
             yield service, agents
     finally:
         service.stop()
@@ -318,6 +334,7 @@ def _core(fabric: Fabric) -> tuple[TopologyService, dict[str, ProbeTargets]]:
     service = TopologyService(
         _settings(), fabric=fabric, bus_factory=lambda **kw: MemoryBus(broker=broker, **kw)
     )
+    service.online_since = dict.fromkeys(fabric.host_names, -math.inf)  # online all along
     return service, {t.host: t for t in service.probe_targets(0)}
 
 
@@ -507,3 +524,45 @@ def test_reports_are_taken_for_the_plan_in_force_and_the_one_before_only() -> No
     )
     fresh.probe_targets(7)
     assert sorted(fresh.probe_plans) == [6, 7]
+
+
+async def test_a_stopped_or_just_started_agent_is_no_dead_link() -> None:
+    """The probe responder runs in the agent: while a host's agent is stopped, every probe to
+    it is lost, and in its first window after a start so are its peers' probes sent before
+    its responder was up. Neither drains anything: pairs to it count only once its agent has
+    been online for a report window + timeout (the offline grace period is the route-around
+    rule for a stopped or lost agent)."""
+    service, targets = _core(FABRIC)
+    victim = VICTIM.host
+    stopped = HostStatus(host=victim, online=False, reason="stopped", at=time.time())
+    await service._on_message(BusMessage(topics.status(victim), encode(stopped), True))
+    assert victim not in service.online_since
+    t0 = time.monotonic()
+    for r in _reports(targets, lambda a, b: b.host == victim):  # every probe to it lost
+        service._on_probe_report(r, now=t0)
+    assert service.localize_probes(now=t0) == []
+    assert not any(t.host == victim for _, t in service.probe_results)
+    skipped = service.probe_pairs_unanswerable
+    assert skipped == sum(1 for (_, t) in _pairs(targets) if t.host == victim) > 0
+    # back online: its first window + timeout (0.25 + 0.2 s) is not counted either
+    online = HostStatus(host=victim, online=True, at=time.time())
+    await service._on_message(BusMessage(topics.status(victim), encode(online), True))
+    t1 = service.online_since[victim]
+    for r in _reports(targets, lambda a, b: b.host == victim):
+        service._on_probe_report(r, now=t1 + 0.4)
+    assert service.localize_probes(now=t1 + 0.4) == []
+    assert service.probe_pairs_unanswerable == 2 * skipped
+    # past it, its loss counts: a real fault on its ports is still found
+    for r in _reports(targets, lambda a, b: b == VICTIM):
+        service._on_probe_report(r, now=t1 + 0.5)
+    acted = service.localize_probes(now=t1 + 0.5)
+    assert [(v.kind, v.subject, v.state) for v in acted] == [("port", VICTIM, "raised")]
+
+
+def _pairs(targets: dict[str, ProbeTargets]) -> list[tuple[PortId, PortId]]:
+    return [
+        (PortId(h, rail.rail), PortId(p.host, p.rail))
+        for h, t in targets.items()
+        for rail in t.rails
+        for p in rail.peers
+    ]
