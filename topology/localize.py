@@ -23,6 +23,12 @@ pairs there lose. A verdict therefore needs ``min_probers`` hosts that agree (th
 gives a port at most one prober port per host, all on its rail, so this changes nothing for
 honest reports).
 
+4. **host**: when every port of a host (two or more) is suspect at once and one of them meets
+   rule 2 or 3, it is the host or its agent (the probe responder runs in the agent: a frozen
+   or restarting agent, or one with probes off, answers nothing), not its links: its port
+   verdicts are reported ``inconclusive`` instead (never drained). Whether such a host is
+   gone is the agent presence's to judge (the offline route-around's grace and cap).
+
 Pairs touching a leaf judged bad are left out of rules 2 and 3. A pair counts only with
 ``sent >= min_samples`` and a window that ended at most ``max_age_s`` before ``now``; a pair is
 *lossy* when ``lost / sent >= loss_bad``. A port or leaf with lossy pairs that meets no rule is
@@ -138,6 +144,7 @@ class Localizer:
     leaf_of: Mapping[PortId, str]
     settings: LocalizeSettings = field(default_factory=LocalizeSettings)
     active: dict[PortId | str, _Active] = field(default_factory=dict)
+    _host_ports: dict[str, set[PortId]] | None = field(default=None, init=False, repr=False)
 
     def update(self, results: Iterable[PairResult], now: float) -> list[Verdict]:
         """Verdicts at ``now`` (module docstring); ``results`` is the latest window per pair
@@ -148,7 +155,41 @@ class Localizer:
         found: dict[PortId | str, Verdict] = {}
         bad_leaves = self._leaves(w, found)
         self._ports(w, bad_leaves, found)
+        self._hosts(found)
         return self._hysteresis(w, found, now)
+
+    def _hosts(self, found: dict[PortId | str, Verdict]) -> None:
+        """Rule 4 (module docstring): a host of two or more ports, every one of them suspect
+        at once (a ``port`` or ``inconclusive`` verdict), at least one a ``port`` verdict: the
+        host or its agent, not its links. Its port verdicts become ``inconclusive``."""
+        if self._host_ports is None:
+            by_host: dict[str, set[PortId]] = defaultdict(set)
+            for p in self.leaf_of:
+                by_host[p.host].add(p)
+            self._host_ports = dict(by_host)
+        suspect: dict[str, list[PortId]] = defaultdict(list)
+        for subject, v in found.items():
+            if isinstance(subject, PortId) and v.kind in ("port", "inconclusive"):
+                suspect[subject.host].append(subject)
+        for host, ports in suspect.items():
+            every = self._host_ports.get(host, set())
+            if len(every) < 2 or set(ports) != every:
+                continue
+            if not any(found[p].kind == "port" for p in ports):
+                continue
+            for p in ports:
+                v = found[p]
+                found[p] = Verdict(
+                    "inconclusive",
+                    p,
+                    "observed",
+                    v.witnesses,
+                    v.lossy,
+                    seen_as=v.seen_as,
+                    reason=f"every rail of {host} is dark at once ({len(every)} ports): the "
+                    "host or its agent (frozen, restarting, not answering probes), not a link; "
+                    "its agent's presence decides (offline route-around)",
+                )
 
     def _leaf(self, p: PortId) -> str:
         return self.leaf_of.get(p, f"rail{p.rail}")

@@ -260,6 +260,9 @@ class TopologyService:
         self.online_since: dict[str, float] = {}
         #: probe pairs left out because their target's agent was not online for the window
         self.probe_pairs_unanswerable = 0
+        #: the probe targets of the current epoch as published (put back on a reconnect: an
+        #: agent without targets answers no probes)
+        self._probe_targets_sent: list[tuple[str, bytes]] = []
         #: the inconclusive verdicts of the last localisation by subject (``str``): the
         #: verdict and since when (monotonic s) that subject has been inconclusive at every
         #: localisation (never acted on; :meth:`probe_verdicts` lists them)
@@ -473,6 +476,8 @@ class TopologyService:
         ]
         self._note_sent(payloads)
         await self._publish_retained(payloads)
+        if self._probe_targets_sent:  # the same for the probe targets of this epoch
+            await self._publish_retained(list(self._probe_targets_sent))
         if self.audit_json is not None:
             await self.bus.publish(topics.service_audit(), self.audit_json.encode(), retain=True)
         if self.faults is not None:
@@ -724,9 +729,8 @@ class TopologyService:
             epoch = int(time.time() // cfg.epoch_s)
             if epoch != published:
                 msgs = await asyncio.to_thread(self.probe_targets, epoch)
-                await self._publish_retained(
-                    [(topics.probe_targets(m.host), encode(m)) for m in msgs]
-                )
+                self._probe_targets_sent = [(topics.probe_targets(m.host), encode(m)) for m in msgs]
+                await self._publish_retained(self._probe_targets_sent)
                 published = epoch
                 log.info("probe_targets_published", epoch=epoch, hosts=len(msgs))
             if self.localizer is not None:

@@ -29,7 +29,8 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
   re-reads rate and link layer at most ``counters_interval_s`` = 1 s earlier, the GID table at
   its last state change or re-discovery) is compared with what it had while last UP. A rate
   below that (or below the port's configured ``expected_rates``) -> DEGRADED
-  ``"rate 200 < 400 Gb/s"`` until the rate is back; a rate that cannot be read (``N/A``, a
+  ``"rate 200 < 400 Gb/s"`` until the rate is back (a link layer read while UP that differs
+  from the admitted one is taken the same way at once); a rate that cannot be read (``N/A``, a
   broken file) where the port had a learnt one -> DEGRADED ``"rate unreadable (was 400
   Gb/s)"`` until a reading passes the check; a changed link layer -> DEGRADED
   ``"link_layer InfiniBand -> Ethernet"`` until it is back (logged); GID indexes that moved are
@@ -55,7 +56,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 import structlog
 from pydantic import ConfigDict, ValidationError, model_validator
@@ -63,6 +64,7 @@ from pydantic import ConfigDict, ValidationError, model_validator
 from linkguard.agent.health import CounterHealth, CounterHealthPolicy
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
+    MAX_PORT_RATE_GBPS,
     DampingStatus,
     LinkLayer,
     PhysState,
@@ -73,6 +75,8 @@ from linkguard.models import (
     PortStatus,
     SettingsModel,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "DampingPolicy",
@@ -459,6 +463,23 @@ class PortMonitor:
             }
         return out
 
+    def _watched(self, saved: Mapping[str, T], event: str) -> dict[str, T]:
+        """The entries of ``saved`` (by ``"hca/port"``) of ports this monitor watches; with
+        ``rails`` given, the others (a port removed from ``ports:``, or not discovered now)
+        are dropped, logged once as ``event``: restored, one would be published with no
+        reading, or held to a rate it no longer has to run at."""
+        if not self._rails:
+            return dict(saved)
+        gone = sorted(str(k) for k in saved if k not in self._rails)
+        if gone:
+            log.info(
+                event,
+                host=self.host,
+                ports=gone[:64],
+                why="not among this agent's ports (removed from ports:, or not discovered)",
+            )
+        return {k: v for k, v in saved.items() if k in self._rails}
+
     def restore(
         self, history: Mapping[str, Mapping[str, object]], *, now: float, wall: float
     ) -> list[str]:
@@ -471,17 +492,7 @@ class PortMonitor:
         malformed entry is logged and ignored. Returns the ports restored."""
         off = wall - now
         restored = []
-        gone = sorted(str(k) for k in history if self._rails and k not in self._rails)
-        if gone:
-            log.info(
-                "damping_history_dropped",
-                host=self.host,
-                ports=gone[:64],
-                why="not among this agent's ports (removed from ports:, or not discovered)",
-            )
-        for key, h in history.items():
-            if self._rails and key not in self._rails:
-                continue
+        for key, h in self._watched(history, "damping_history_dropped").items():
             try:
                 hca, _, port = key.partition("/")
                 PortRef(host=self.host, hca=hca, port=int(port))
@@ -539,17 +550,20 @@ class PortMonitor:
     def restore_reference_rates(self, rates: Mapping[str, object]) -> list[str]:
         """Take back :meth:`reference_rates` saved by the previous agent, before the first
         reading: each port's first reading is held to it, as if the agent had not stopped. A
-        malformed entry (a bad port name, a rate that is not a number in (0, 100000] Gb/s) is
-        logged (``reference_rate_ignored``) and ignored. Returns the ports restored."""
+        malformed entry (a bad port name, a rate that is not a number in (0, 2400] Gb/s, the
+        12X XDR maximum of :data:`~linkguard.models.MAX_PORT_RATE_GBPS`) is logged
+        (``reference_rate_ignored``) and ignored. Returns the ports restored."""
         restored = []
-        for key, rate in rates.items():
+        for key, rate in self._watched(rates, "reference_rates_dropped").items():
             try:
                 hca, _, port = key.partition("/")
                 PortRef(host=self.host, hca=hca, port=int(port))
                 if isinstance(rate, bool) or not isinstance(rate, int | float):
                     raise ValueError(f"rate must be Gb/s, got {rate!r}"[:200])
-                if not (0 < rate <= _MAX_RATE_GBPS):
-                    raise ValueError(f"rate {rate!r} Gb/s is outside (0, {_MAX_RATE_GBPS:g}]")
+                if not (0 < rate <= MAX_PORT_RATE_GBPS):  # 12X XDR: no port runs faster
+                    raise ValueError(
+                        f"rate {rate!r} Gb/s is outside (0, {MAX_PORT_RATE_GBPS:g}] (12X XDR)"
+                    )
             except (AttributeError, TypeError, ValueError, ValidationError) as exc:
                 log.warning(
                     "reference_rate_ignored", host=self.host, port=str(key)[:100], error=str(exc)
@@ -574,7 +588,7 @@ class PortMonitor:
         ignored. Returns the ports restored (none when counter health is disabled)."""
         off = wall - now
         restored = []
-        for key, h in history.items():
+        for key, h in self._watched(history, "counter_health_history_dropped").items():
             try:
                 hca, _, port = key.partition("/")
                 PortRef(host=self.host, hca=hca, port=int(port))
@@ -786,6 +800,9 @@ class PortMonitor:
                 log.warning(
                     "port_rate_below_reference", host=self.host, port=key, reason=p.readmit_reason
                 )
+        if p.readmit_reason is None and o is not None and self._layer_changed(p):
+            # a link-layer change too quick for the state poll: as at re-admission
+            p.readmit_reason = self._layer_reason(p)
         if p.readmit_reason is None and self._rate_settled(p, now):
             # a rate held for rate_settle_s (counters may be over a threshold: the rate is
             # still right); one glitched reading (a retrain caught mid-way, a corrupt file)
@@ -838,6 +855,24 @@ class PortMonitor:
             return f"rate unreadable (was {self._ref_rate(p):g} Gb/s)"
         return short
 
+    @staticmethod
+    def _layer_changed(p: _Port) -> bool:
+        """A link layer read that differs from the one the port had while last UP (an unread
+        one is no change while up)."""
+        return (
+            p.admitted_layer is not None
+            and p.link_layer is not None
+            and p.link_layer != p.admitted_layer
+        )
+
+    def _layer_reason(self, p: _Port) -> str:
+        """``"link_layer InfiniBand -> Ethernet"``, logged as ``port_link_layer_changed``."""
+        was = p.admitted_layer.value if p.admitted_layer else None
+        now_layer = p.link_layer.value if p.link_layer else None
+        key = f"{p.hca}/{p.port}"
+        log.warning("port_link_layer_changed", host=self.host, port=key, was=was, now=now_layer)
+        return f"link_layer {was} -> {now_layer}"
+
     def _readmit(self, p: _Port) -> None:
         """Compare the port coming back from hold-down with what it was while last UP (rate,
         link layer, GID table); sets ``readmit_reason`` / ``gid_index_changed`` and logs."""
@@ -847,10 +882,7 @@ class PortMonitor:
         rate_short = self._readmit_rate(p, o)
         reasons = [] if rate_short is None else [rate_short]
         if p.admitted_layer is not None and p.link_layer != p.admitted_layer:
-            was = p.admitted_layer.value
-            now_layer = p.link_layer.value if p.link_layer else None
-            reasons.append(f"link_layer {was} -> {now_layer}")
-            log.warning("port_link_layer_changed", host=self.host, port=key, was=was, now=now_layer)
+            reasons.append(self._layer_reason(p))
         p.readmit_reason = "; ".join(reasons) or None
         if p.readmit_reason is not None:
             log.warning(

@@ -479,6 +479,24 @@ def test_changed_link_layer_stays_out(gpud: Path) -> None:
     assert rig.read(100.0) == DEGRADED  # stays out while it reads Ethernet
 
 
+def test_a_link_layer_changed_while_up_stays_out_and_a_flap_does_not_hide_it(gpud: Path) -> None:
+    """A port re-initialised as Ethernet between two state polls (no flap seen): degraded at
+    once, as at re-admission, and a later flap still compares with the admitted InfiniBand."""
+    rig = Rig(gpud)
+    assert rig.read(0.0) == UP
+    rig.write("link_layer", "Ethernet")
+    with capture_logs() as logs:
+        assert rig.read(1.0) == DEGRADED
+    assert rig.state.reason == "link_layer InfiniBand -> Ethernet"
+    assert [e["event"] for e in logs if e["event"].startswith("port_link")] == [
+        "port_link_layer_changed"
+    ]
+    flap(rig, 2.0, 3.0)
+    assert rig.tick(13.0) == DEGRADED and rig.state.reason == "link_layer InfiniBand -> Ethernet"
+    rig.write("link_layer", "InfiniBand")
+    assert rig.read(14.0) == UP
+
+
 def test_moved_gid_index_is_recorded(gpud: Path) -> None:
     rig = Rig(gpud, hca="mlx5_bond_0")  # the real RoCE LAG port (Ethernet, 200 Gb/s)
     gids = rig.dir / "gids"

@@ -271,7 +271,7 @@ def test_restore_reference_rates_ignores_malformed_entries(tmp_path: Path) -> No
             {
                 "mlx5_0/1": 400.0,
                 "mlx5_1/1": True,  # JSON true is not 1 Gb/s
-                "mlx5_4/1": 1e9,  # above any port
+                "mlx5_4/1": 4000,  # above any port (12X XDR: 2400 Gb/s), as hand-edited
                 "mlx5_5/1": 0,
                 "mlx5_6/1": "400",
                 "bad name/1": 400.0,
@@ -323,3 +323,21 @@ def test_service_only_probe_keys_in_an_agent_config_are_said(tmp_path: Path) -> 
         roce = given.model_copy(update={"probes": ProbeRunSettings(enabled=False, mode="roce")})
         Agent(roce, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
     assert [e["keys"] for e in logs if e["event"] == "probe_settings_ignored"] == [["mode"]]
+
+
+def test_saved_entries_of_ports_no_longer_watched_are_dropped() -> None:
+    """mlx5_1 removed from ``ports:``: its saved verdict and learnt rate are not restored
+    (the agent then rewrites counter_health.json without them)."""
+    mon = PortMonitor(host="gpu000", policy=DampingPolicy(), rails={"mlx5_0/1": 0})
+    verdict = {"reason": REASON, "since": 1_700_000_000.0}
+    with capture_logs() as logs:
+        assert mon.restore_reference_rates({"mlx5_0/1": 400.0, "mlx5_1/1": 400.0}) == ["mlx5_0/1"]
+        restored = mon.restore_health(
+            {"mlx5_0/1": verdict, "mlx5_1/1": verdict}, now=0.0, wall=1_700_000_010.0
+        )
+    assert restored == ["mlx5_0/1"]
+    dropped = {e["event"]: e["ports"] for e in logs if e["event"].endswith("_dropped")}
+    assert dropped == {
+        "reference_rates_dropped": ["mlx5_1/1"],
+        "counter_health_history_dropped": ["mlx5_1/1"],
+    }

@@ -186,3 +186,33 @@ def test_bad_inputs_are_refused() -> None:
         PairResult(X, Y, 10, 11, 0)
     with pytest.raises(ValidationError, match=r"loss_clear 0\.5 >= loss_bad 0\.5"):
         LocalizeSettings(loss_clear=0.5)
+
+
+#: 64 hosts x 4 rails: every host has a port on each rail's plan
+PLAN4: ProbePlan = plan_probes(generate_rail_optimized(hosts=64, rails=4), seed=1)
+
+
+def _results4(lossy: Callable[[PortId, PortId], bool], *, at: float) -> list[PairResult]:
+    return [
+        PairResult(p, t, 10, 10 if lossy(p, t) else 0, window_end=at)
+        for p, ts in PLAN4.targets.items()
+        for t in ts
+    ]
+
+
+def test_every_rail_of_a_host_dark_is_the_host_not_its_links() -> None:
+    """A frozen agent (its responder answers nothing, its sender sends nothing) darkens every
+    rail of its host at once: inconclusive, never a port verdict; one rail of it dark alone
+    is still that port."""
+    host = "gpu005"
+    loc = Localizer(PLAN4.leaf)
+    vs = loc.update(_results4(lambda p, t: host in (p.host, t.host), at=100), now=100)
+    assert raised(vs) == {} and loc.active == {}
+    dark = sorted((v.subject for v in vs), key=str)
+    assert dark == [PortId(host, r) for r in range(4)]
+    assert {v.kind for v in vs} == {"inconclusive"}
+    assert "every rail of gpu005 is dark at once (4 ports)" in vs[0].reason
+    # three of its four rails dark: links (a cable bundle, a NIC port group), drained
+    three = {PortId(host, r) for r in range(3)}
+    vs = Localizer(PLAN4.leaf).update(_results4(lambda p, t: bool({p, t} & three), at=100), 100)
+    assert set(raised(vs)) == three and {v.kind for v in raised(vs).values()} == {"port"}

@@ -166,6 +166,21 @@ async def test_a_service_with_probes_off_deletes_the_targets_an_earlier_run_left
     assert [(e["hosts"], e["why"]) for e in cleared] == [(len(HOSTS), "probes disabled")]
 
 
+async def test_probe_targets_are_put_back_after_a_broker_restart() -> None:
+    """A broker restarted without persistence loses the retained targets; an agent started
+    then would answer no probes (its responder needs its targets) until the next epoch, up
+    to epoch_s (300 s). The service puts them back on reconnect, as it does its plans."""
+    broker = MemoryBroker()
+    async with _running(_settings(), broker=broker) as (_service, agents):
+        await until(lambda: len(_targets(agents)) == len(HOSTS), "every host's targets")
+        before = _targets(agents)
+        broker.stop()
+        assert _targets(agents) == {}
+        broker.start()
+        await until(lambda: len(_targets(agents)) == len(HOSTS), "the targets put back")
+        assert _targets(agents) == before  # the same epoch's, not a new plan
+
+
 async def test_a_port_losing_to_all_its_probers_is_routed_around_then_cleared() -> None:
     async with _running(_settings()) as (service, agents):
         await until(lambda: len(_targets(agents)) == len(HOSTS), "every host's probe targets")
