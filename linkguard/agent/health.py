@@ -292,6 +292,8 @@ class _PortHealth:
     degraded: bool = False
     reason: str | None = None
     clean_since: float | None = None
+    #: the first usable reading since the port was last not usable (monotonic s)
+    up_since: float | None = None
     #: when the port became degraded (monotonic s; seeded: converted from the saved wall time)
     degraded_at: float | None = None
     #: when the counts, as last seen over ``clear``, fall back to ``clear`` without new errors
@@ -321,11 +323,19 @@ class CounterHealth:
         at this reading. Its deltas are dropped when it is not usable, when the previous
         reading was not (the first reading after the port came back is a baseline only) and
         when ``baseline`` is True (counters that may span the time the port was not usable).
-        Returns the verdict."""
+        A reading of the port not usable restarts a degraded port's clear timer: it clears
+        after ``clear_after_s`` of clean readings taken while the link is up. Returns the
+        verdict."""
         deltas = self._baseline.update(key, counters, saturated, reset_unknown=True)
         p = self._ports.setdefault(key, _PortHealth())
         counted = usable and p.usable and not baseline
+        if usable and not p.usable:
+            p.up_since = now
         p.usable = usable
+        if not usable:
+            # a degraded port's clear_after_s counts clean readings of the link up: the time
+            # it is down (or held down) shows nothing, so its clear timer starts again
+            p.clean_since = None
         if not counted:
             for name in FLAP_COUNTERS:
                 delta = deltas.get(name)
@@ -412,9 +422,12 @@ class CounterHealth:
         if dirty:
             p.clean_since = None
             p.dirty_until = self._dirty_until(p)
-        elif p.clean_since is None:
-            # exact even when this evaluation comes late: no reading came in between
+        elif p.clean_since is None and p.usable:
+            # exact even when this evaluation comes late: no reading came in between; never
+            # before the link came up
             p.clean_since = now if p.dirty_until is None else min(now, p.dirty_until)
+            if p.up_since is not None:
+                p.clean_since = max(p.clean_since, p.up_since)
         if (
             p.degraded
             and p.clean_since is not None

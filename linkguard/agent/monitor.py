@@ -65,6 +65,7 @@ from linkguard.agent.health import CounterHealth, CounterHealthPolicy
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
     MAX_PORT_RATE_GBPS,
+    PORT_RATES_GBPS,
     DampingStatus,
     LinkLayer,
     PhysState,
@@ -551,7 +552,8 @@ class PortMonitor:
         """Take back :meth:`reference_rates` saved by the previous agent, before the first
         reading: each port's first reading is held to it, as if the agent had not stopped. A
         malformed entry (a bad port name, a rate that is not a number in (0, 2400] Gb/s, the
-        12X XDR maximum of :data:`~linkguard.models.MAX_PORT_RATE_GBPS`) is logged
+        12X XDR maximum of :data:`~linkguard.models.MAX_PORT_RATE_GBPS`, or not one of
+        :data:`~linkguard.models.PORT_RATES_GBPS`) is logged
         (``reference_rate_ignored``) and ignored. Returns the ports restored."""
         restored = []
         for key, rate in self._watched(rates, "reference_rates_dropped").items():
@@ -564,6 +566,8 @@ class PortMonitor:
                     raise ValueError(
                         f"rate {rate!r} Gb/s is outside (0, {MAX_PORT_RATE_GBPS:g}] (12X XDR)"
                     )
+                if rate not in PORT_RATES_GBPS:  # a hand edit: 401 would hold a port for good
+                    raise ValueError(f"{rate!r} Gb/s is no width x lane rate a port reports")
             except (AttributeError, TypeError, ValueError, ValidationError) as exc:
                 log.warning(
                     "reference_rate_ignored", host=self.host, port=str(key)[:100], error=str(exc)

@@ -30,7 +30,7 @@ from contextlib import AsyncExitStack
 import structlog
 
 from linkguard.agent.probe import ProbeResponder, ProbeSender
-from linkguard.models import ProbePair, ProbeReport, ProbeTargets
+from linkguard.models import ProbePair, ProbeRail, ProbeReport, ProbeTargets
 
 __all__ = ["ProbeRunner"]
 
@@ -123,46 +123,21 @@ class ProbeRunner:
                 self._changed.set()
 
     async def _probe(self, t: ProbeTargets, publish: Publish) -> None:
-        """Probe ``t`` and report every window until new targets arrive."""
+        """Probe ``t`` and report every window until new targets arrive. A rail whose address
+        cannot be bound (not configured yet at boot, the port taken) is tried again every
+        window: it is answered and probed from the window it binds in
+        (``probe_rail_started``)."""
         async with AsyncExitStack() as stack:
             senders: dict[int, tuple[ProbeSender, dict[str, tuple[str, int]]]] = {}
-            failed: list[int] = []
-            for rail in t.rails:
-                try:
-                    await stack.enter_async_context(
-                        ProbeResponder(
-                            rail.address,
-                            port=t.port,
-                            mode=t.mode,
-                            sock=self._sock(rail.address, t.port),
-                        )
-                    )
-                    if rail.peers:
-                        peers = {p.address: (p.host, p.rail) for p in rail.peers}
-                        sender = ProbeSender(
-                            rail.address,
-                            list(peers),
-                            port=t.port,
-                            mode=t.mode,
-                            rate_pps=t.rate_pps,
-                            timeout_s=t.timeout_s,
-                            window_s=t.window_s,
-                            prober_id=rail.rail,
-                            sock=self._sock(rail.address, 0),
-                        )
-                        senders[rail.rail] = (await stack.enter_async_context(sender), peers)
-                except (OSError, ValueError) as exc:
-                    failed.append(rail.rail)
-                    log.warning(
-                        "probe_rail_failed", rail=rail.rail, address=rail.address, error=str(exc)
-                    )
+            failed = [r for r in t.rails if not await self._start_rail(stack, t, r, senders)]
             if t.rails and len(failed) == len(t.rails):
                 log.warning(
                     "probes_not_started",
                     epoch=t.epoch,
-                    rails=failed,
+                    rails=[r.rail for r in failed],
                     why="no rail address of the targets could be bound on this host (or its "
-                    "netns): nothing is probed or answered; reports go out empty",
+                    "netns): nothing is probed or answered until one binds (tried every "
+                    "window); reports go out empty",
                 )
             else:
                 log.info("probes_started", epoch=t.epoch, rails=sorted(senders))
@@ -173,6 +148,60 @@ class ProbeRunner:
                     break
                 await publish(self._report(t, senders))
                 self.reports += 1
+                for rail in list(failed):
+                    if await self._start_rail(stack, t, rail, senders, retry=True):
+                        failed.remove(rail)
+                        log.info("probe_rail_started", epoch=t.epoch, rail=rail.rail)
+
+    async def _start_rail(
+        self,
+        stack: AsyncExitStack,
+        t: ProbeTargets,
+        rail: ProbeRail,
+        senders: dict[int, tuple[ProbeSender, dict[str, tuple[str, int]]]],
+        *,
+        retry: bool = False,
+    ) -> bool:
+        """Answer and probe on ``rail`` (its responder and sender kept open on ``stack``;
+        the sender in ``senders``); False, logged as ``probe_rail_failed`` (a retry that
+        fails again: at debug), when its address cannot be bound: nothing of it stays open."""
+        rail_stack = AsyncExitStack()
+        try:
+            await rail_stack.enter_async_context(
+                ProbeResponder(
+                    rail.address, port=t.port, mode=t.mode, sock=self._sock(rail.address, t.port)
+                )
+            )
+            sender = None
+            if rail.peers:
+                peers = {p.address: (p.host, p.rail) for p in rail.peers}
+                sender = await rail_stack.enter_async_context(
+                    ProbeSender(
+                        rail.address,
+                        list(peers),
+                        port=t.port,
+                        mode=t.mode,
+                        rate_pps=t.rate_pps,
+                        timeout_s=t.timeout_s,
+                        window_s=t.window_s,
+                        prober_id=rail.rail,
+                        sock=self._sock(rail.address, 0),
+                    )
+                )
+        except (OSError, ValueError) as exc:
+            await rail_stack.aclose()
+            (log.debug if retry else log.warning)(
+                "probe_rail_failed",
+                rail=rail.rail,
+                address=rail.address,
+                error=str(exc),
+                retry_in_s=t.window_s,
+            )
+            return False
+        await stack.enter_async_context(rail_stack)
+        if sender is not None:
+            senders[rail.rail] = (sender, peers)
+        return True
 
     def _sock(self, address: str, port: int) -> socket.socket | None:
         """A socket bound in :attr:`netns` (None without one: the probe classes bind)."""

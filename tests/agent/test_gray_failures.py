@@ -172,6 +172,26 @@ def test_noisy_counter_degrades_once_and_clears_after_clear_after_s(gpud: Path) 
     assert rig.transitions == ["unknown->up", "up->degraded", "degraded->up"]
 
 
+def test_time_down_does_not_count_towards_clearing_a_degraded_port(gpud: Path) -> None:
+    """Degraded on counters, then down longer than clear_after_s: back from its hold-down it
+    is still degraded, and clears only after clear_after_s of clean readings of the link up
+    (a fresh-eyes run saw it come back up with no clean reading at all)."""
+    rig = Rig(gpud, health=CounterHealthPolicy(clear_after_s=30.0))
+    assert rig.read(0.0) == UP
+    rig.write("counters/symbol_error", "150")
+    assert rig.read(1.0) == DEGRADED
+    rig.write("state", "1: DOWN")
+    rig.write("phys_state", "2: Polling")
+    assert rig.read(2.0) == DOWN
+    rig.write("state", "4: ACTIVE")
+    rig.write("phys_state", "5: LinkUp")
+    assert rig.read(100.0) == HELD  # 98 s down: more than clear_after_s, not clean readings
+    assert rig.tick(110.0) == DEGRADED and rig.state.reason == "symbol_error 150/60s"
+    # clean readings count from the first reading up (100 s): clear at 130 s, not at 31 s
+    assert rig.read(129.0) == DEGRADED
+    assert rig.read(130.0) == UP
+
+
 def test_flap_of_a_degraded_port_is_a_flap_and_its_link_downed_is_not_hidden(gpud: Path) -> None:
     rig = Rig(gpud, health=CounterHealthPolicy(clear_after_s=30))
     rig.read(0.0)

@@ -273,13 +273,14 @@ def test_restore_reference_rates_ignores_malformed_entries(tmp_path: Path) -> No
                 "mlx5_1/1": True,  # JSON true is not 1 Gb/s
                 "mlx5_4/1": 4000,  # above any port (12X XDR: 2400 Gb/s), as hand-edited
                 "mlx5_5/1": 0,
+                "mlx5_7/1": 401,  # no width x lane rate: a typo, or an edit
                 "mlx5_6/1": "400",
                 "bad name/1": 400.0,
             }
         )
     assert restored == ["mlx5_0/1"]
     ignored = [e["port"] for e in logs if e["event"] == "reference_rate_ignored"]
-    assert ignored == ["mlx5_1/1", "mlx5_4/1", "mlx5_5/1", "mlx5_6/1", "bad name/1"]
+    assert ignored == ["mlx5_1/1", "mlx5_4/1", "mlx5_5/1", "mlx5_7/1", "mlx5_6/1", "bad name/1"]
     assert mon.reference_rates() == {"mlx5_0/1": 400.0}  # kept until its port is read
     wall = 1_700_000_000.0
     mon.observe([read_port(root, "mlx5_0", 1, now=1.0)], now=1.0, wall=wall)

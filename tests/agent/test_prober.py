@@ -100,7 +100,8 @@ async def test_an_address_not_on_this_host_is_logged_not_fatal() -> None:
             a.set_targets(_targets("gpu000", A, "gpu001", B, port, epoch=2))
             await until(lambda: any(r.epoch == 2 and r.pairs for r in reports), "new targets")
     failed = [e for e in logs if e["event"] == "probe_rail_failed"]
-    assert len(failed) == 1 and failed[0]["address"] == "192.0.2.1"
+    assert failed[0]["address"] == "192.0.2.1" and failed[0]["log_level"] == "warning"
+    assert {e["log_level"] for e in failed[1:]} <= {"debug"}  # retried every window, quietly
     # its only rail failed: said as a warning, not as probes started
     (idle,) = [e for e in logs if e["event"] == "probes_not_started"]
     assert (idle["epoch"], idle["rails"], idle["log_level"]) == (1, [0], "warning")
@@ -134,6 +135,30 @@ def _udp_free(address: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+async def test_a_rail_that_cannot_bind_yet_is_tried_again_every_window() -> None:
+    """The probe port of A's rail address is taken (at boot, the address may not be up
+    yet): A reports nothing for that rail, then binds it the window after it is free, and
+    answers and probes from then on, without waiting for new targets."""
+    port = _free_udp_port()
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    blocker.bind((A, port))
+    a_reports: list[ProbeReport] = []
+    with contextlib.closing(blocker), capture_logs() as logs:
+        async with _runner("gpu001", []) as b, _runner("gpu000", a_reports) as a:
+            b.set_targets(_targets("gpu001", B, "gpu000", A, port))
+            a.set_targets(_targets("gpu000", A, "gpu001", B, port))
+            await until(lambda: len(a_reports) >= 2, "two windows with the rail unbound")
+            assert all(r.pairs == [] for r in a_reports)
+            blocker.close()
+            await until(
+                lambda: any(p.sent >= 3 and p.lost == 0 for r in a_reports for p in r.pairs),
+                "a window of A's probes answered after the rail bound",
+            )
+    started = [e for e in logs if e["event"] == "probe_rail_started"]
+    assert [(e["epoch"], e["rail"]) for e in started] == [(1, 0)]
+    assert a.failures == 0
 
 
 def test_targets_of_another_host_are_refused() -> None:
