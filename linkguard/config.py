@@ -34,13 +34,7 @@ from pydantic_settings import (
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.models import (
-    MAX_MESSAGE_BYTES,
-    MAX_PORT_RATE_GBPS,
-    PORT_RATES_GBPS,
-    LinkLayer,
-    SettingsModel,
-)
+from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer, SettingsModel, port_rate_problem
 from linkguard.topology.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -320,17 +314,10 @@ class PortConfig(_Section):
     def _a_port_rate(cls, v: float | None) -> float | None:
         """A port never reports a rate outside :data:`~linkguard.models.PORT_RATES_GBPS`: a bar
         above every reading (or between them) would keep the port degraded for good."""
-        if v is None or v in PORT_RATES_GBPS:
-            return v
-        if v > MAX_PORT_RATE_GBPS:
-            raise ValueError(
-                f"{v:g} Gb/s is above any port's rate ({MAX_PORT_RATE_GBPS:g} Gb/s, 12X XDR)"
-            )
-        near = sorted(PORT_RATES_GBPS, key=lambda r: (abs(r - v), r))[:2]
-        raise ValueError(
-            f"{v:g} Gb/s is no rate a port reports (a width 1X/2X/4X/8X/12X times a lane "
-            f"rate SDR 2.5 ... XDR 200 Gb/s); nearest: {' or '.join(f'{r:g}' for r in near)}"
-        )
+        problem = None if v is None else port_rate_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 def resolve_command(command: str) -> str:
@@ -550,6 +537,7 @@ class ProbeRunSettings(_Section):
     def _port_of_mode(self) -> ProbeRunSettings:
         if "port" not in self.model_fields_set and self.mode == "roce":
             self.port = PROBE_ROCE_PORT  # RoCEv2's port unless the user gave one
+            self.model_fields_set.discard("port")  # filled in, not given
         return self
 
 

@@ -681,6 +681,13 @@ class ServiceMetrics:
             ),
             audit,
             verdicts,
+            _counter(
+                "linkguard_probe_pairs_unanswerable",
+                "Probe pairs left out because their target's agent was not online for the "
+                "report's window (stopped, restarting or just started: its responder runs in "
+                "the agent, so the loss says nothing about the link)",
+                svc.probe_pairs_unanswerable,
+            ),
             GaugeMetricFamily(
                 "linkguard_change_stream_clients",
                 "Clients reading the change stream (HTTP API /api/v1/stream) now",

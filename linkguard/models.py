@@ -68,6 +68,7 @@ __all__ = [
     "decode",
     "encode",
     "expand_plan",
+    "port_rate_problem",
 ]
 
 #: Default upper bound on one bus payload (bytes). A full plan for a 32-host SU with 8 GPUs per
@@ -99,6 +100,23 @@ PORT_RATES_GBPS: frozenset[float] = frozenset(
 )
 #: The fastest port rate there is: 12X XDR, 2400 Gb/s.
 MAX_PORT_RATE_GBPS: float = max(LINK_WIDTHS) * LANE_GBPS["XDR"]
+
+
+def port_rate_problem(rate: float) -> str | None:
+    """Why ``rate`` (Gb/s) is no rate a port reports, else None: one above 12X XDR
+    (:data:`MAX_PORT_RATE_GBPS`), or one that is no width x lane rate
+    (:data:`PORT_RATES_GBPS`; the two nearest are named). A port held to such a rate (a
+    configured ``expected_rate_gbps``, a hand-edited learnt one) would stay degraded for good."""
+    if rate in PORT_RATES_GBPS:
+        return None
+    if rate > MAX_PORT_RATE_GBPS:
+        return f"{rate:g} Gb/s is above any port's rate ({MAX_PORT_RATE_GBPS:g} Gb/s, 12X XDR)"
+    near = sorted(PORT_RATES_GBPS, key=lambda r: (abs(r - rate), r))[:2]
+    return (
+        f"{rate:g} Gb/s is no rate a port reports (a width 1X/2X/4X/8X/12X times a lane rate "
+        f"SDR 2.5 ... XDR 200 Gb/s); nearest: {' or '.join(f'{r:g}' for r in near)}"
+    )
+
 
 HostName = Annotated[
     str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")

@@ -52,7 +52,7 @@ from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import MonitorOutput, PortMonitor
 from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.bus import Bus, BusMessage, Will
-from linkguard.config import PROBE_ROCE_PORT, AgentSettings, ConfigError, ProbeRunSettings
+from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
@@ -282,7 +282,7 @@ class Agent:
             from linkguard.agent.prober import ProbeRunner
 
             self.prober = ProbeRunner(self.host, netns=settings.netns)
-        ignored = _service_only_probe_keys(settings.probes)
+        ignored = sorted(settings.probes.model_fields_set - {"enabled"})  # the service's
         if ignored:
             log.warning(
                 "probe_settings_ignored",
@@ -1099,15 +1099,6 @@ class Agent:
             await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
-
-
-def _service_only_probe_keys(probes: ProbeRunSettings) -> list[str]:
-    """The ``probes:`` keys given in an agent's settings that only the service uses (all but
-    ``enabled``; a ``port`` that roce mode filled in is not one given)."""
-    given = set(probes.model_fields_set) - {"enabled"}
-    if probes.mode == "roce" and probes.port == PROBE_ROCE_PORT:
-        given.discard("port")
-    return sorted(given)
 
 
 #: format of ``state_dir/counter_health.json`` (:meth:`Agent._restore_health`)

@@ -64,8 +64,6 @@ from pydantic import ConfigDict, ValidationError, model_validator
 from linkguard.agent.health import CounterHealth, CounterHealthPolicy
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
-    MAX_PORT_RATE_GBPS,
-    PORT_RATES_GBPS,
     DampingStatus,
     LinkLayer,
     PhysState,
@@ -75,6 +73,7 @@ from linkguard.models import (
     PortStateName,
     PortStatus,
     SettingsModel,
+    port_rate_problem,
 )
 
 T = TypeVar("T")
@@ -551,10 +550,9 @@ class PortMonitor:
     def restore_reference_rates(self, rates: Mapping[str, object]) -> list[str]:
         """Take back :meth:`reference_rates` saved by the previous agent, before the first
         reading: each port's first reading is held to it, as if the agent had not stopped. A
-        malformed entry (a bad port name, a rate that is not a number in (0, 2400] Gb/s, the
-        12X XDR maximum of :data:`~linkguard.models.MAX_PORT_RATE_GBPS`, or not one of
-        :data:`~linkguard.models.PORT_RATES_GBPS`) is logged
-        (``reference_rate_ignored``) and ignored. Returns the ports restored."""
+        malformed entry (a bad port name, a rate that is not a number, or one no port reports:
+        :func:`~linkguard.models.port_rate_problem`) is logged (``reference_rate_ignored``)
+        and ignored. Returns the ports restored."""
         restored = []
         for key, rate in self._watched(rates, "reference_rates_dropped").items():
             try:
@@ -562,12 +560,9 @@ class PortMonitor:
                 PortRef(host=self.host, hca=hca, port=int(port))
                 if isinstance(rate, bool) or not isinstance(rate, int | float):
                     raise ValueError(f"rate must be Gb/s, got {rate!r}"[:200])
-                if not (0 < rate <= MAX_PORT_RATE_GBPS):  # 12X XDR: no port runs faster
-                    raise ValueError(
-                        f"rate {rate!r} Gb/s is outside (0, {MAX_PORT_RATE_GBPS:g}] (12X XDR)"
-                    )
-                if rate not in PORT_RATES_GBPS:  # a hand edit: 401 would hold a port for good
-                    raise ValueError(f"{rate!r} Gb/s is no width x lane rate a port reports")
+                problem = port_rate_problem(rate)  # a hand edit: 401 holds a port for good
+                if problem is not None:
+                    raise ValueError(problem)
             except (AttributeError, TypeError, ValueError, ValidationError) as exc:
                 log.warning(
                     "reference_rate_ignored", host=self.host, port=str(key)[:100], error=str(exc)

@@ -567,6 +567,8 @@ async def test_a_stopped_or_just_started_agent_is_no_dead_link() -> None:
         service._on_probe_report(r, now=t1 + 0.4)
     assert service.localize_probes(now=t1 + 0.4) == []
     assert service.probe_pairs_unanswerable == 2 * skipped
+    metrics = ServiceMetrics(service).render()[0].decode()
+    assert f"linkguard_probe_pairs_unanswerable_total {2 * skipped:.1f}" in metrics
     # past it, its loss counts: a real fault on its ports is still found
     for r in _reports(targets, lambda a, b: b == VICTIM):
         service._on_probe_report(r, now=t1 + 0.5)
