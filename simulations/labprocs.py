@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
@@ -114,7 +115,8 @@ async def until(
     cond: Callable[[], Any], timeout: float, what: str, procs: Procs | None = None
 ) -> Any:
     """Wait (polling every 10 ms) until ``cond()`` is truthy and return it. Raises
-    :class:`LabProcessError` after ``timeout`` seconds, or at once when one of ``procs`` died."""
+    :class:`LabProcessError` after ``timeout`` seconds (with what the test saw on the bus,
+    ``procs.seen``, and the processes' last lines), or at once when one of ``procs`` died."""
     deadline = time.monotonic() + timeout
     while True:
         v = cond()
@@ -122,6 +124,8 @@ async def until(
             return v
         if time.monotonic() > deadline:
             detail = procs.tails() if procs else ""
+            if procs and procs.seen is not None:
+                detail = f"--- seen on the bus\n{procs.seen()}\n{detail}"
             raise LabProcessError(f"timed out after {timeout} s waiting for {what}\n{detail}")
         if procs:
             procs.check_alive()
@@ -138,6 +142,8 @@ class Procs:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: set[str] = set()  # stopped on purpose (a fault), not expected to run
+        #: what the test saw on the bus, printed with the process tails when a wait times out
+        self.seen: Callable[[], str] | None = None
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         """Start (or restart) process ``name`` running ``linkguard <argv>``."""
@@ -210,12 +216,15 @@ class Observer:
     ports: dict[tuple[str, int], tuple[float, PortState]] = field(default_factory=dict)
     #: arrival time of the latest plan (0.0: none yet)
     last_plan_at: float = 0.0
+    #: messages received by topic kind (ack, plan, port, ...)
+    kinds: Counter[str] = field(default_factory=Counter)
 
     async def handle(self, msg: BusMessage) -> None:
         p = topics.parse(msg.topic)
         now = time.monotonic()
         if p is None or not msg.payload:
             return
+        self.kinds[p.kind] += 1
         if p.kind == "ack":
             self.acks.setdefault(p.host, []).append((now, decode(Ack, msg.payload)))
         elif p.kind == "plan":
@@ -237,6 +246,16 @@ class Observer:
     def latest_plan(self, host: str) -> Plan | None:
         return self.plans[host][-1][1] if self.plans.get(host) else None
 
+    def summary(self, hosts: list[str]) -> str:
+        """One line per host: the epochs of the plans and acks seen (for a timed-out wait)."""
+        lines = []
+        for h in hosts:
+            plans = [p.epoch for _, p in self.plans.get(h, [])]
+            acks = [(a.epoch, a.result, a.fast_path) for _, a in self.acks.get(h, [])]
+            lines.append(f"{h}: plans {plans} acks (epoch, result, fast path) {acks}")
+        lines.append(f"messages by kind: {dict(self.kinds)}")
+        return "\n".join(lines)
+
     def max_epoch(self) -> int:
         """The highest plan epoch seen so far (0: none)."""
         return max((p.epoch for seen in self.plans.values() for _, p in seen), default=0)
@@ -251,12 +270,16 @@ class Observer:
 
 def observer_bus(port: int, observer: Observer) -> Bus:
     """A bus session on 127.0.0.1:``port`` that feeds ``observer`` every host message and
-    plan (reconnects by itself after a broker outage)."""
+    plan (reconnects by itself after a broker outage). It subscribes at the QoS the lab's
+    processes do: ``LINKGUARD_BUS__SUBSCRIBE_QOS`` when set (they inherit the environment),
+    else 1."""
+    qos = os.environ.get("LINKGUARD_BUS__SUBSCRIBE_QOS", "1")
     return Bus(
         host="127.0.0.1",
         port=port,
         client_id=f"observer-{os.getpid()}",
         subscriptions=[topics.all_host_topics(), topics.all_plans(), topics.all_peer_routes()],
+        subscribe_qos=0 if qos.strip() == "0" else 1,
         handler=observer.handle,
         reconnect_min_s=0.05,
         reconnect_max_s=0.5,
@@ -343,6 +366,7 @@ def write_configs(
 async def start_all(procs: Procs, obs: Observer, cfgs: dict[str, Path], names: list[str]) -> int:
     """Start the service and one agent per host from ``cfgs`` (see :func:`write_configs`), wait
     (up to 30 s) until every host acked its first plan; the highest epoch among those plans."""
+    procs.seen = lambda: obs.summary(names)
     procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
     for n in names:
         procs.start(n, ["agent", "-c", str(cfgs[n])])

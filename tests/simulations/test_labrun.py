@@ -18,9 +18,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from linkguard import topics
+from linkguard.bus import BusMessage
 from linkguard.cli import main
+from linkguard.models import Ack, AckResult, Plan, encode
 from linkguard.simulations.lab import Lab
-from linkguard.simulations.labprocs import UDPFLOW, Flow
+from linkguard.simulations.labprocs import (
+    UDPFLOW,
+    Flow,
+    LabProcessError,
+    Observer,
+    Procs,
+    until,
+)
 from linkguard.simulations.labrun import (
     LabRunError,
     _gap,
@@ -214,3 +224,23 @@ async def test_single_link_down_without_linkguard_stays_broken_until_the_link_re
         ("max_reroute_ms", False),
     ]
     assert report.exit_codes == {}
+
+
+async def test_a_timed_out_wait_prints_what_the_observer_saw(tmp_path: Path) -> None:
+    """A lab wait that times out names, per host, the plan and ack epochs that arrived and the
+    message count by kind: a message the broker never delivered shows as a missing epoch."""
+    obs = Observer()
+    for host in ("h0", "h1"):
+        plan = Plan(host=host, epoch=7, issued_at=0, routes=[])
+        await obs.handle(BusMessage(topics.plan(host), encode(plan), True))
+    ack = Ack(host="h1", epoch=7, result=AckResult.APPLIED, applied_at=1.0)
+    await obs.handle(BusMessage(topics.ack("h1"), encode(ack), True))
+    procs = Procs(tmp_path)
+    procs.seen = lambda: obs.summary(["h0", "h1"])
+    with pytest.raises(LabProcessError) as err:
+        await until(lambda: all(obs.acked(h, 7) for h in ("h0", "h1")), 0.05, "acks", procs)
+    text = str(err.value)
+    assert "timed out after 0.05 s waiting for acks" in text
+    assert "h0: plans [7] acks (epoch, result, fast path) []" in text
+    assert "h1: plans [7] acks (epoch, result, fast path) [(7, <AckResult.APPLIED" in text
+    assert "messages by kind: {'plan': 2, 'ack': 1}" in text
