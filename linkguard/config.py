@@ -134,13 +134,13 @@ class BusSettings(_Section):
         1,
         ge=0,
         le=1,
-        description="QoS of the bus's subscriptions. 0 suits a NATS cluster: NATS makes a "
-        "JetStream consumer per QoS 1 subscription, and after a node dies deleting and "
-        "re-creating them takes its survivors 18-46 s (QoS 0: 0.1-10 s; "
-        "tests/test_nats_cluster.py); under CPU load such a consumer also skipped messages "
-        "(nats-server 2.9.10, nats-io/nats-server#6932; README). With clean sessions either "
-        "way loses only what was in flight on a dropped connection, which the retained state "
-        "and re-publish on reconnect cover",
+        description="QoS of the bus's subscriptions (the agent's peers/+ one is QoS 0 "
+        "always). 0 suits a NATS cluster: NATS makes a JetStream consumer per QoS 1 "
+        "subscription, and after a node dies deleting and re-creating them takes its "
+        "survivors 18-46 s (QoS 0: 0.1-10 s; tests/test_nats_cluster.py); under CPU load "
+        "such a consumer also skipped messages (nats-server 2.9.10; README, NATS). With "
+        "clean sessions either way loses only what was in flight on a dropped connection, "
+        "which the retained state and re-publish on reconnect cover",
     )
     max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
 
