@@ -411,12 +411,23 @@ class HookSettings(_Section):
 
 
 class GeneratorSettings(_Section):
-    """Rail-optimized fabric generator parameters (used when no fabric file is given)."""
+    """Rail-optimized fabric generator parameters (used when no fabric file is given): those
+    of :func:`~linkguard.topology.generator.generate_rail_optimized`, with its defaults, as
+    ``linkguard fabric generate`` and a scenario's ``generate:`` take them."""
 
     hosts: int = Field(32, ge=1, le=16384)
     rails: int = Field(8, ge=1, le=16)
     gpus_per_host: int | None = Field(None, ge=1, le=64)
     hosts_per_su: int = Field(32, ge=1, le=1024)
+    management_hosts_per_su: int = Field(
+        0, ge=0, le=1023, description="host slots per SU left empty (management nodes)"
+    )
+    spines_per_su: int = Field(
+        4, ge=0, le=64, description="spines per scalable unit (0: one leaf per rail, one SU)"
+    )
+    core: bool | None = Field(
+        None, description="a core tier above the spines (default: when there are 2+ SUs)"
+    )
 
 
 class ApiSettings(_Section):
@@ -821,7 +832,11 @@ class AgentSettings(_Base):
 
     route_table: int = Field(4242, ge=1, le=2**31 - 1, description="linkguard's own table")
     rule_priority: int = Field(1000, ge=1, le=32765)
-    apply_routes: bool = True
+    apply_routes: bool = Field(
+        True,
+        description="false: a dry run, plans applied to an in-memory table and the kernel's "
+        "routes and rules left untouched (quickstart and simulations run so)",
+    )
     damping: DampingPolicy = DampingPolicy()
     counter_health: CounterHealthPolicy = Field(
         default_factory=CounterHealthPolicy,

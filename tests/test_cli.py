@@ -138,6 +138,33 @@ def test_service_needs_exactly_one_fabric_source(tmp_path: Path) -> None:
     assert (len(fabric.hosts), fabric.rails) == (3, [0, 1])
 
 
+def test_service_generate_takes_the_generators_parameters(tmp_path: Path) -> None:
+    """The service's generate: takes what `fabric generate` and a scenario's generate: take
+    (spines_per_su, management_hosts_per_su, core) and builds the same fabric; a combination
+    the generator cannot build is a ConfigError naming generate:."""
+    from linkguard.config import ServiceSettings
+    from linkguard.topology.fabric import load_fabric, switch_tiers
+    from linkguard.topology.service import fabric_from_settings
+
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text(
+        "generate: {hosts: 8, rails: 2, hosts_per_su: 4, spines_per_su: 2, "
+        "management_hosts_per_su: 1}\n"
+    )
+    fabric = fabric_from_settings(load_settings(ServiceSettings, cfg))
+    out = tmp_path / "cli.yaml"
+    argv = ["--hosts", "8", "--rails", "2", "--hosts-per-su", "4", "--spines-per-su", "2"]
+    argv += ["--management-hosts-per-su", "1", "-o", str(out)]
+    assert main(["fabric", "generate", *argv]) == 0
+    assert fabric == load_fabric(out)
+    # 8 hosts at 3 per SU (one slot of 4 left for management): 3 SUs, 2 spines each
+    assert {s.su for s in fabric.switches if s.role == "leaf"} == {0, 1, 2}
+    assert list(switch_tiers(fabric).values()).count("spine") == 6
+    cfg.write_text("generate: {hosts: 8, rails: 2, hosts_per_su: 4, spines_per_su: 0}\n")
+    with pytest.raises(ConfigError, match=r"^generate: .*spines_per_su >= 1"):
+        fabric_from_settings(load_settings(ServiceSettings, cfg))
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

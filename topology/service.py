@@ -136,8 +136,9 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
     """The fabric file, or the generator's fabric when ``generate`` is configured explicitly.
 
     Raises :class:`ConfigError` when neither is given (a service must never publish plans for
-    a fabric nobody described) and :class:`FabricError` for a bad file or one that cannot give
-    applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
+    a fabric nobody described) or the ``generate:`` parameters cannot be built (e.g.
+    ``spines_per_su: 0`` with more than one SU), and :class:`FabricError` for a bad file or
+    one that cannot give applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
     if settings.fabric is not None:
         return check_servable(load_fabric(settings.fabric), settings.fabric)
     if settings.generate is None:
@@ -145,10 +146,10 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
             "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
             "section in the config"
         )
-    g = settings.generate
-    return generate_rail_optimized(
-        hosts=g.hosts, rails=g.rails, gpus_per_host=g.gpus_per_host, hosts_per_su=g.hosts_per_su
-    )
+    try:
+        return generate_rail_optimized(**settings.generate.model_dump())
+    except ValueError as exc:  # a combination the generator cannot build
+        raise ConfigError(f"generate: {exc}") from None
 
 
 class TopologyService:
