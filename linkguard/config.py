@@ -34,7 +34,15 @@ from pydantic_settings import (
 
 from linkguard.agent.health import CounterHealthPolicy
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.models import MAX_MESSAGE_BYTES, LinkLayer, SettingsModel, port_rate_problem
+from linkguard.models import (
+    MAX_MESSAGE_BYTES,
+    CoreTier,
+    LinkLayer,
+    ManagementHostsPerSU,
+    SettingsModel,
+    SpinesPerSU,
+    port_rate_problem,
+)
 from linkguard.topology.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -419,15 +427,9 @@ class GeneratorSettings(_Section):
     rails: int = Field(8, ge=1, le=16)
     gpus_per_host: int | None = Field(None, ge=1, le=64)
     hosts_per_su: int = Field(32, ge=1, le=1024)
-    management_hosts_per_su: int = Field(
-        0, ge=0, le=1023, description="host slots per SU left empty (management nodes)"
-    )
-    spines_per_su: int = Field(
-        4, ge=0, le=64, description="spines per scalable unit (0: one leaf per rail, one SU)"
-    )
-    core: bool | None = Field(
-        None, description="a core tier above the spines (default: when there are 2+ SUs)"
-    )
+    management_hosts_per_su: ManagementHostsPerSU = 0
+    spines_per_su: SpinesPerSU = 4
+    core: CoreTier = None
 
 
 class ApiSettings(_Section):

@@ -39,12 +39,14 @@ __all__ = [
     "Backup",
     "BadMessage",
     "CableRef",
+    "CoreTier",
     "DampingStatus",
     "FabricFaults",
     "HCAInfo",
     "HostInventory",
     "HostStatus",
     "LinkLayer",
+    "ManagementHostsPerSU",
     "PeerClass",
     "PeerRoutes",
     "PhysState",
@@ -65,6 +67,7 @@ __all__ = [
     "ServiceStatus",
     "SettingsModel",
     "SharedRoutes",
+    "SpinesPerSU",
     "decode",
     "encode",
     "expand_plan",
@@ -90,6 +93,24 @@ LANE_GBPS: dict[str, float] = {
     "NDR": 100.0,
     "XDR": 200.0,
 }
+
+#: Generator parameters as config and scenario schemas take them (one definition of the bounds;
+#: the defaults are :func:`~linkguard.topology.generator.generate_rail_optimized`'s: 0, 4,
+#: None).
+ManagementHostsPerSU = Annotated[
+    int, Field(ge=0, le=1023, description="host slots per SU left empty (management nodes)")
+]
+SpinesPerSU = Annotated[
+    int, Field(ge=0, le=64, description="spines per SU (0: one leaf per rail, one SU only)")
+]
+CoreTier = Annotated[
+    bool | None,
+    Field(
+        description="a core tier above the spines (default: when SUs x spines_per_su exceeds "
+        "a leaf's uplinks, and always from 16 SUs)"
+    ),
+]
+
 
 #: Link widths (lanes) a port runs at, as sysfs ``rate`` prints them ("(4X NDR)"; IBTA Vol. 1
 #: PortInfo LinkWidthActive: 1x, 2x, 4x, 8x, 12x).

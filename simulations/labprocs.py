@@ -273,13 +273,13 @@ def observer_bus(port: int, observer: Observer) -> Bus:
     plan (reconnects by itself after a broker outage). It subscribes at the QoS the lab's
     processes do: ``LINKGUARD_BUS__SUBSCRIBE_QOS`` when set (they inherit the environment),
     else 1."""
-    qos = os.environ.get("LINKGUARD_BUS__SUBSCRIBE_QOS", "1")
+    qos = int(os.environ.get("LINKGUARD_BUS__SUBSCRIBE_QOS", "1"))  # Bus refuses all but 0, 1
     return Bus(
         host="127.0.0.1",
         port=port,
         client_id=f"observer-{os.getpid()}",
         subscriptions=[topics.all_host_topics(), topics.all_plans(), topics.all_peer_routes()],
-        subscribe_qos=0 if qos.strip() == "0" else 1,
+        subscribe_qos=qos,
         handler=observer.handle,
         reconnect_min_s=0.05,
         reconnect_max_s=0.5,

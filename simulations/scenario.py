@@ -48,10 +48,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.models import (
     CableRef,
+    CoreTier,
     HostName,
+    ManagementHostsPerSU,
     PhysState,
     PortStateName,
     RailIndex,
+    SpinesPerSU,
     SwitchName,
 )
 from linkguard.topology.fabric import Fabric, check_servable, load_fabric
@@ -134,9 +137,9 @@ class GenerateSpec(_Model):
     rails: int = Field(ge=1, le=64)
     gpus_per_host: int | None = Field(None, ge=1, le=64, description="default: = rails")
     hosts_per_su: int = Field(32, ge=1, le=1024)
-    management_hosts_per_su: int = Field(0, ge=0, le=1023)
-    spines_per_su: int = Field(4, ge=0, le=64)
-    core: bool | None = None
+    management_hosts_per_su: ManagementHostsPerSU = 0
+    spines_per_su: SpinesPerSU = 4
+    core: CoreTier = None
 
     @model_validator(mode="after")
     def _size(self) -> GenerateSpec:
