@@ -484,11 +484,17 @@ def _remove(parent: ET.Element, child: ET.Element) -> None:
     parent.remove(child)
 
 
+def _empty(el: ET.Element) -> bool:
+    """No child element but comments: how :func:`~linkguard.layout.parse_nccl_topo` (which
+    drops comments) and NCCL read it."""
+    return all(c.tag is ET.Comment for c in el)
+
+
 def _prune(el: ET.Element, parents: dict[ET.Element, ET.Element]) -> None:
     """Remove ``el`` when it is a ``<pci>`` a removal left empty, and so on upwards: an empty
     ``<pci>`` of a NIC class would read as a bare NIC (the p4d form), an empty bridge says
     nothing."""
-    while el.tag == "pci" and len(el) == 0 and el in parents:
+    while el.tag == "pci" and _empty(el) and el in parents:
         parent = parents[el]
         _remove(parent, el)
         el = parent
@@ -530,7 +536,7 @@ def render_topology(
             if v.pci_address
             and (p.get("busid") or "").lower() == v.pci_address.lower()
             and (p.get("class") or "").lower().startswith(_NIC_CLASS_PREFIX)
-            and len(p) == 0
+            and _empty(p)
             and ports_per_bdf.get(v.pci_address.lower()) == 1
         ]
         if not nets and not bare:
@@ -551,13 +557,13 @@ def render_topology(
         1
         for p in root.iter("pci")
         if p.find("gpu") is not None
-        or ((p.get("class") or "").lower().startswith("0x0302") and len(p) == 0)
+        or ((p.get("class") or "").lower().startswith("0x0302") and _empty(p))
     )
     nics = [n.get("name") or "" for n in root.iter("net")]
     nics += [
         p.get("busid") or ""
         for p in root.iter("pci")
-        if (p.get("class") or "").lower().startswith(_NIC_CLASS_PREFIX) and len(p) == 0
+        if (p.get("class") or "").lower().startswith(_NIC_CLASS_PREFIX) and _empty(p)
     ]
     head = "".join(f"<!--{c}-->\n" for c in prolog)
     note = ""

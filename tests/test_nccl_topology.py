@@ -219,3 +219,40 @@ def test_hostile_or_broken_xml_is_a_clear_error(xml: str, message: str) -> None:
     with pytest.raises(TopologyFileError, match=message) as exc:
         render_topology(xml, [], name="topo.xml")
     assert str(exc.value).startswith("topo.xml: ")
+
+
+def test_a_nic_class_pci_left_with_only_a_comment_is_pruned_not_read_as_a_nic() -> None:
+    """A hand-written file (a fuzz find from the p4d file) nests the p4d NIC 0000:90:1b.0 in a
+    NIC-class <pci> 0000:c3:00.0 that also holds a comment. Removing the unusable NIC leaves
+    the outer one with the comment only: parse_nccl_topo (and NCCL) drop comments, so it
+    would read as a bare NIC the file never named. It is pruned like an empty one."""
+    from linkguard.layout import parse_nccl_topo
+
+    src = (
+        '<system version="1"><cpu numaid="0" affinity="000000ff" arch="x86_64">'
+        '<pci busid="0000:c3:00.0" class="0x020000" link_speed="16.0 GT/s PCIe" link_width="8">'
+        " <!-- GPU 5 -->"
+        '<pci busid="0000:90:1b.0" class="0x020000" vendor="0x1d0f" device="0xefa0"'
+        ' link_speed="8 GT/s" link_width="16"/> <!-- NIC 2 --></pci>'
+        '<pci busid="0000:10:1c.0" class="0x030200" vendor="0x10de" device="0x20b0"/>'
+        "</cpu></system>"
+    )
+    assert [n.bdf for n in parse_nccl_topo(src, source="in").nics] == ["0000:90:1b.0"]
+    verdict = PortVerdict(
+        hca="efa0",
+        port=1,
+        rail=0,
+        link_layer="infiniband",
+        numa_node=None,
+        pcie_switch=None,
+        pci_address="0000:90:1b.0",
+        usable=False,
+        why="down",
+        rate_gbps=None,
+        expected_gbps=None,
+    )
+    out = render_topology(src, [verdict], name="hand-written")
+    assert out.removed == ("efa0/1",)
+    assert out.nics == ()
+    assert "0000:c3:00.0" not in out.xml and "0000:10:1c.0" in out.xml
+    assert parse_nccl_topo(out.xml, source="rendered").nics == ()
