@@ -13,6 +13,21 @@ whose carrier is down. A gateway that no connected route covers, or that is only
 through another netdev than the route's, is refused with ENETUNREACH: such a route lands in
 :attr:`ReconcileResult.errors` and the other routes are still applied.
 
+Every unicast route may carry a preferred source (``src``, RTA_PREFSRC: the local GPU endpoint,
+so that a connection opened without a bind uses an address that linkguard's routes carry, not a
+rail's own address, which stays on the dead rail after a reroute) and a locked ``rto_min``
+(RTAX_RTO_MIN with its RTAX_LOCK bit, in ms, as ``ip route ... rto_min 20ms`` writes it: TCP's
+minimum retransmission timeout on the route, include/net/tcp.h ``tcp_rto_min``). A ``src`` that
+is not a local address of the namespace is left out (the kernel would refuse the route with
+EINVAL), logged once per address as ``route_src_not_local``.
+
+After a reroute, packets already handed to the lost path wait in the neighbour (ARP) queue of
+an unresolved entry on the old netdev, and TCP does not retransmit a segment that is still in
+the host's queues (net/ipv4/tcp_output.c, ``skb_still_in_host_queue``): the connection stalls
+until the old path answers again. :meth:`RouteTable.neighbours` and
+:meth:`RouteTable.delete_neighbours` let the applier drop the entries a route change left
+behind (the decision is :func:`linkguard.agent.applier.stale_neighbours`).
+
 On-link routes (no gateway) are written as ``ip route`` writes them: one netdev with scope
 link, several as an RTA_MULTIPATH list of equal-weight nexthops (scope universe; the kernel
 hashes flows over them and dumps them back in the order written; a one-entry list would come
@@ -25,7 +40,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network
 from socket import AF_INET
 from types import TracebackType
@@ -41,6 +56,7 @@ from linkguard.drivers.netlink import open_iproute
 __all__ = [
     "Destination",
     "KernelRoute",
+    "Neighbour",
     "NotPermittedError",
     "ReconcileResult",
     "RouteTable",
@@ -69,6 +85,13 @@ _KIND_NAMES = {
 }
 #: The kinds linkguard writes.
 KINDS = ("unicast", "unreachable")
+#: Route metrics (include/uapi/linux/rtnetlink.h): RTAX_LOCK is a bit set of locked metrics;
+#: tcp_rto_min() reads RTAX_RTO_MIN (ms) only when its bit is set, as ``ip route`` sets it.
+RTAX_RTO_MIN = 13
+RTO_MIN_LOCK = 1 << RTAX_RTO_MIN
+#: Neighbour states (include/uapi/linux/neighbour.h) that linkguard never deletes.
+NUD_NOARP = 0x40
+NUD_PERMANENT = 0x80
 
 #: A route's destination: an address for a /32, a network for any other prefix length.
 Destination = IPv4Address | IPv4Network
@@ -84,6 +107,9 @@ class KernelRoute:
       ``netdev``: ``ip route replace D nexthop dev A nexthop dev B``;
     - ``kind="unreachable"``, nothing else set: ``ip route replace unreachable D``.
 
+    A unicast route may add ``src`` (``... src S``: the preferred source address) and
+    ``rto_min_ms`` (``... rto_min <n>ms``, locked).
+
     Normalised on construction so that equal routes compare equal whatever the spelling:
     ``destination`` is an IPv4Address for a /32 (an IPv4Network /32 becomes its address) and an
     IPv4Network otherwise; ``nexthops`` is sorted without duplicates (the nexthop *set* is what
@@ -98,6 +124,8 @@ class KernelRoute:
     netdev: str | None = None
     nexthops: tuple[str, ...] = ()
     kind: str = "unicast"
+    src: IPv4Address | None = None
+    rto_min_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.destination, IPv4Network) and self.destination.prefixlen == 32:
@@ -123,7 +151,8 @@ def check_routes(desired: Sequence[KernelRoute], prefixes: Sequence[IPv4Network]
     """Raise ValueError unless ``desired`` is a set of routes linkguard may write: every
     destination once, inside one of ``prefixes`` (when given), of kind unicast or unreachable,
     and in one of the :class:`KernelRoute` shapes (a unicast route with a gateway or at least
-    one netdev, never both ``netdev`` and ``nexthops``; an unreachable one with neither)."""
+    one netdev, never both ``netdev`` and ``nexthops``; an unreachable one with neither, and
+    without ``src`` or ``rto_min_ms``); ``rto_min_ms`` 1..120000 (TCP_RTO_MAX is 120 s)."""
     seen: set[Destination] = set()
     for r in desired:
         if not isinstance(r.destination, IPv4Address | IPv4Network):
@@ -138,9 +167,13 @@ def check_routes(desired: Sequence[KernelRoute], prefixes: Sequence[IPv4Network]
             )
         if r.kind not in KINDS:
             raise ValueError(f"route to {r.destination}: kind {r.kind!r} is not one of {KINDS}")
+        if r.rto_min_ms is not None and not 1 <= r.rto_min_ms <= 120_000:
+            raise ValueError(f"route to {r.destination}: rto_min {r.rto_min_ms} ms not 1..120000")
         if r.kind == "unreachable":
             if r.gateway is not None or r.netdevs:
                 raise ValueError(f"unreachable route to {r.destination} names a next hop")
+            if r.src is not None or r.rto_min_ms is not None:
+                raise ValueError(f"unreachable route to {r.destination} has a src or rto_min")
         elif r.nexthops:
             if r.gateway is not None or r.netdev is not None:
                 raise ValueError(f"route to {r.destination} has nexthops and a gateway or netdev")
@@ -170,6 +203,22 @@ class ReconcileResult:
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """One IPv4 neighbour (ARP) entry: ``address`` on ``netdev``, ``state`` the kernel's NUD_*
+    bits (include/uapi/linux/neighbour.h: 0x01 INCOMPLETE, 0x02 REACHABLE, 0x04 STALE, 0x08
+    DELAY, 0x10 PROBE, 0x20 FAILED, 0x40 NOARP, 0x80 PERMANENT)."""
+
+    address: IPv4Address
+    netdev: str
+    state: int
+
+    @property
+    def permanent(self) -> bool:
+        """Set by hand or by the kernel for good (PERMANENT, NOARP): never deleted here."""
+        return bool(self.state & (NUD_PERMANENT | NUD_NOARP))
+
+
+@dataclass(frozen=True)
 class _Entry:
     """A kernel route of the table with what deleting exactly it needs."""
 
@@ -183,12 +232,19 @@ def _parse(m: Any, names: dict[int, str]) -> _Entry:
     """One dumped route message of our table as an :class:`_Entry`."""
     dst = IPv4Network(f"{m.get('dst') or '0.0.0.0'}/{m['dst_len']}")
     gw, oif, hops = m.get("gateway"), m.get("oif"), m.get("multipath") or []
+    src = m.get("prefsrc")
+    mx = m.get("metrics")
+    metrics = dict(mx["attrs"]) if mx else {}
+    rto_min = metrics.pop("RTAX_RTO_MIN", None)
+    locked = metrics.pop("RTAX_LOCK", 0)
     route = KernelRoute(
         destination=dst,
         gateway=IPv4Address(gw) if gw else None,
         netdev=names.get(oif) if oif else None,
         nexthops=tuple(names.get(h.get("oif"), f"#{h.get('oif')}") for h in hops),
         kind=_KIND_NAMES.get(m["type"], f"type {m['type']}"),
+        src=IPv4Address(src) if src else None,
+        rto_min_ms=rto_min,
     )
     onlink = route.kind == "unicast" and route.gateway is None and not route.nexthops
     priority, tos = m.get("priority") or 0, m["tos"]
@@ -198,6 +254,9 @@ def _parse(m: Any, names: dict[int, str]) -> _Entry:
         and route.kind in KINDS
         and m["scope"] == (RT_SCOPE_LINK if onlink else RT_SCOPE_UNIVERSE)
         and all(not h.get("hops") and h.get("gateway") is None for h in hops)
+        # no metric but a locked rto_min, as linkguard writes it
+        and not metrics
+        and locked == (RTO_MIN_LOCK if rto_min is not None else 0)
         and len({h.get("oif") for h in hops}) == len(hops)  # a netdev twice: a double share
     )
     return _Entry(route, priority, tos, plain)
@@ -235,6 +294,9 @@ class RouteTable:
         self.rule_priority = rule_priority
         self.prefixes: tuple[IPv4Network, ...] = tuple(IPv4Network(p) for p in prefixes)
         self._ipr: AsyncIPRoute | None = None
+        #: local IPv4 addresses of the namespace, as of the last :meth:`reconcile`
+        self._local: frozenset[IPv4Address] | None = None
+        self._src_refused: set[IPv4Address] = set()  # route_src_not_local said once each
 
     async def __aenter__(self) -> RouteTable:
         self._ipr = open_iproute(self.netns)
@@ -360,6 +422,8 @@ class RouteTable:
         result = ReconcileResult()
         names = await self._netdevs()
         index = {name: idx for idx, name in names.items()}
+        self._local = await self._local_addresses()
+        desired = self._usable_src(desired)
         current = await self._entries(names)
         for want in desired:
             have = current.pop(want.destination, [])
@@ -392,6 +456,9 @@ class RouteTable:
         started = time.monotonic()
         result = ReconcileResult()
         index = {name: idx for idx, name in (await self._netdevs()).items()}
+        if self._local is None:
+            self._local = await self._local_addresses()
+        upsert = self._usable_src(upsert)
         for want in upsert:
             if await self._replace(want, index, result):
                 result.replaced += 1
@@ -411,6 +478,75 @@ class RouteTable:
                 continue
             result.deleted += 1
         return self._report("routes_updated", result, started)
+
+    async def _local_addresses(self) -> frozenset[IPv4Address]:
+        return frozenset(
+            [
+                IPv4Address(m.get("address"))
+                async for m in await self.ipr.addr("dump", family=AF_INET)
+                if m.get("address")
+            ]
+        )
+
+    def _usable_src(self, routes: Sequence[KernelRoute]) -> list[KernelRoute]:
+        """``routes`` with every ``src`` that is not a local address of the namespace left out
+        (logged once per address): the kernel refuses such a route (EINVAL)."""
+        local = self._local or frozenset()
+        out = []
+        for r in routes:
+            if r.src is not None and r.src not in local:
+                if r.src not in self._src_refused:
+                    self._src_refused.add(r.src)
+                    log.warning(
+                        "route_src_not_local",
+                        netns=self.netns,
+                        src=str(r.src),
+                        hint="routes are written without this source address: put the GPU "
+                        "endpoints on the host (e.g. /32s on lo) or set routes.source: kernel",
+                    )
+                r = replace(r, src=None)
+            out.append(r)
+        return out
+
+    # -- neighbours -----------------------------------------------------------------------
+
+    async def neighbours(self, netdevs: Iterable[str] | None = None) -> list[Neighbour]:
+        """The IPv4 neighbour entries of the namespace (of ``netdevs`` only, when given)."""
+        names = await self._netdevs()
+        wanted = None if netdevs is None else set(netdevs)
+        out = []
+        async for m in await self.ipr.neigh("dump", family=AF_INET):
+            name, dst = names.get(m["ifindex"]), m.get("dst")
+            if name is None or dst is None or (wanted is not None and name not in wanted):
+                continue
+            out.append(Neighbour(IPv4Address(dst), name, m["state"]))
+        return out
+
+    async def delete_neighbours(self, entries: Iterable[Neighbour]) -> int:
+        """Delete ``entries`` (``ip neigh del ADDR dev NETDEV``), never a permanent one; one
+        already gone is not an error. Returns how many were deleted; other refusals are
+        logged (``neighbour_delete_failed``), never raised."""
+        index = {name: idx for idx, name in (await self._netdevs()).items()}
+        deleted = 0
+        for n in entries:
+            if n.permanent or n.netdev not in index:
+                continue
+            try:
+                await self.ipr.neigh(
+                    "del", dst=str(n.address), ifindex=index[n.netdev], family=AF_INET
+                )
+            except NetlinkError as exc:
+                if exc.code != errno.ENOENT:
+                    log.warning(
+                        "neighbour_delete_failed",
+                        netns=self.netns,
+                        address=str(n.address),
+                        netdev=n.netdev,
+                        error=_message(exc),
+                    )
+                continue
+            deleted += 1
+        return deleted
 
     def _report(self, event: str, result: ReconcileResult, started: float) -> ReconcileResult:
         """Stamp the elapsed time, log the summary and one warning per refused route."""
@@ -443,6 +579,14 @@ class RouteTable:
             return False
         net = want.network
         args: dict[str, Any] = {"dst": str(net.network_address), "dst_len": net.prefixlen}
+        if want.src is not None:
+            args["prefsrc"] = str(want.src)
+        if want.rto_min_ms is not None:
+            # RTA_METRICS, not pyroute2's ``metrics`` keyword: that one is dropped from a
+            # multipath request (pyroute2 0.9.7)
+            args["RTA_METRICS"] = {
+                "attrs": [("RTAX_LOCK", RTO_MIN_LOCK), ("RTAX_RTO_MIN", want.rto_min_ms)]
+            }
         if want.kind == "unreachable":
             args["type"] = "unreachable"
         elif want.nexthops:

@@ -14,7 +14,13 @@ from dataclasses import replace
 from ipaddress import IPv4Network
 
 from linkguard.drivers.base import PortObservation
-from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult, check_routes
+from linkguard.drivers.routes import (
+    Destination,
+    KernelRoute,
+    Neighbour,
+    ReconcileResult,
+    check_routes,
+)
 from linkguard.models import LinkLayer, PhysState, PortStateName
 
 __all__ = ["MemoryRouteTable", "SimulatedPortSource", "active_port"]
@@ -167,3 +173,10 @@ class MemoryRouteTable:
     async def flush(self) -> None:
         self.routes.clear()
         self.rules_installed = False
+
+    async def neighbours(self, netdevs: Iterable[str] | None = None) -> list[Neighbour]:
+        """A table in memory has no neighbour entries."""
+        return []
+
+    async def delete_neighbours(self, entries: Iterable[Neighbour]) -> int:
+        return 0

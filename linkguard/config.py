@@ -62,6 +62,7 @@ __all__ = [
     "OfflineSettings",
     "PortConfig",
     "ProbeRunSettings",
+    "RouteOptions",
     "ServiceSettings",
     "listen_address",
     "load_settings",
@@ -469,6 +470,38 @@ PROBE_UDP_PORT = 47_910
 PROBE_ROCE_PORT = 4791
 
 
+class RouteOptions(_Section):
+    """How the agent writes its routes beyond what a plan names (``routes:`` of the agent;
+    :mod:`linkguard.agent.applier`), so that TCP moves with a reroute, not only UDP.
+
+    ``source``: ``endpoint`` gives every route towards a peer endpoint ``src`` = this host's
+    GPU endpoint on the same home rail (a connection opened without a bind is then sourced
+    from an address the peers' linkguard routes carry; with the rail's own address, the
+    kernel's choice, replies keep coming over the lost rail). An endpoint that is not an
+    address of the host is left out (``route_src_not_local``). ``kernel``: no ``src``.
+    ``rto_min_ms``: a locked TCP minimum retransmission timeout on every route (ms, as
+    ``ip route ... rto_min 20ms``); a segment lost in the switch-over is sent again after
+    about this long instead of Linux's 200 ms TCP_RTO_MIN; it applies to every TCP connection
+    towards the GPU endpoints, also when nothing failed (a lower bound, not a fixed timeout).
+    None: the kernel's. ``neighbour_flush``: after every route change, delete the neighbour
+    (ARP) entries the old routes used and the new ones do not (a segment parked on the lost
+    rail's unresolved entry is otherwise never retransmitted: the connection stalls until
+    that rail answers again)."""
+
+    source: Literal["endpoint", "kernel"] = Field(
+        "endpoint", description="src of linkguard's routes: the local GPU endpoint, or none"
+    )
+    rto_min_ms: int | None = Field(
+        None,
+        ge=1,
+        le=120_000,
+        description="locked TCP rto_min on linkguard's routes (ms); None: the kernel's 200 ms",
+    )
+    neighbour_flush: bool = Field(
+        True, description="delete the neighbour entries a route change leaves stale"
+    )
+
+
 class ProbeRunSettings(_Section):
     """Per-rail probes (``probes:`` of the agent and the service; issue 8). Off by default.
     The service plans who probes whom (:mod:`linkguard.topology.probeplan`) every ``epoch_s``
@@ -838,6 +871,11 @@ class AgentSettings(_Base):
         True,
         description="false: a dry run, plans applied to an in-memory table and the kernel's "
         "routes and rules left untouched (quickstart and simulations run so)",
+    )
+    routes: RouteOptions = Field(
+        default_factory=RouteOptions,
+        description="route source address, TCP rto_min, neighbour flush (what TCP needs to "
+        "follow a reroute)",
     )
     damping: DampingPolicy = DampingPolicy()
     counter_health: CounterHealthPolicy = Field(

@@ -300,6 +300,7 @@ def write_configs(
     roce: bool = True,
     sysfs_roots: dict[str, Path] | None = None,
     service_extra: dict[str, Any] | None = None,
+    agent_extra: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``workdir/fabric.yaml``, the service config and one agent config per host (lab
     host i is fabric host i); returns ``{"service": path, host: path, ...}``.
@@ -307,7 +308,8 @@ def write_configs(
     Agents: ``driver`` (netlink: the rail netdevs' carrier), routes in table :data:`TABLE`,
     ``damping`` (default: the policy's defaults with ``hold_down_initial_s=hold_down_s`` when
     given), withdraw on shutdown. Service: ``debounce_ms`` (None: the service's default) and
-    any other settings in ``service_extra`` (e.g. ``{"solve_initial_delay_ms": 0}``)."""
+    any other settings in ``service_extra`` (e.g. ``{"solve_initial_delay_ms": 0}``); every
+    agent gets ``agent_extra`` on top of its own (e.g. ``{"routes": {"rto_min_ms": 20}}``)."""
     (workdir / "fabric.yaml").write_text(dump_fabric(fabric, "yaml"))
     paths: dict[str, Path] = {}
     svc: dict[str, Any] = {
@@ -353,6 +355,7 @@ def write_configs(
             "log_format": "json",
             "metrics_listen": None,  # one loopback for every lab agent: no exporter ports
         }
+        cfg.update(agent_extra or {})
         if sysfs_roots:
             cfg["sysfs_root"] = str(sysfs_roots[inv.host])
         for p in cfg["ports"]:

@@ -619,3 +619,27 @@ def test_env_misspelt_threshold_key_and_fractional_whole_number(
     assert load_settings(AgentSettings).probes.fan_out == 4
     monkeypatch.setenv("LINKGUARD_PORTS", '[{"hca": "mlx5_0", "expected_rate_gbps": 800}]')
     assert load_settings(AgentSettings).ports[0].expected_rate_gbps == 800.0
+
+
+def test_routes_section_defaults_bounds_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = load_settings(AgentSettings, _yaml(tmp_path, "{}\n"))
+    assert (s.routes.source, s.routes.rto_min_ms, s.routes.neighbour_flush) == (
+        "endpoint",
+        None,
+        True,
+    )
+    s = load_settings(AgentSettings, _yaml(tmp_path, "routes: {rto_min_ms: 20, source: kernel}\n"))
+    assert (s.routes.source, s.routes.rto_min_ms) == ("kernel", 20)
+    for bad, says in [
+        ("routes: {rto_min_ms: 0}", "greater than or equal to 1"),
+        ("routes: {rto_min_ms: 20.5}", "whole number"),
+        ("routes: {rto_min_ms: true}", "must be a number, not true"),
+        ("routes: {source: rail}", "'endpoint' or 'kernel'"),
+        ("routes: {rto_min: 20}", "rto_min"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_settings(AgentSettings, _yaml(tmp_path, bad + "\n"))
+    monkeypatch.setenv("LINKGUARD_ROUTES__RTO_MIN_MS", "25")
+    assert load_settings(AgentSettings).routes.rto_min_ms == 25

@@ -8,6 +8,21 @@ exceptions via a gateway, ``unreachable`` /32s; see :func:`kernel_routes`), the 
 peer in ``peers/``, which the agent writes as they arrive; each file holds the payload as
 received, a signed envelope when the service signs, verified again by :meth:`Applier.start`),
 and :class:`~linkguard.models.Ack`s.
+
+Beyond the routes a plan names, applying it makes TCP move with them (a route change alone
+brings UDP back, not TCP; measured in the namespace lab, README "Jobs"):
+
+- each unicast route carries ``src`` = a local GPU endpoint (:func:`kernel_routes`), so that a
+  connection opened without a bind is sourced from an address that the peers' linkguard routes
+  carry, not from a rail's own address, which stays tied to that rail after a reroute;
+- optionally a locked ``rto_min`` (``routes.rto_min_ms``), so a segment lost in the switch-over
+  is retransmitted after that long instead of Linux's 200 ms minimum (TCP_RTO_MIN);
+- after every change, the neighbour (ARP) entries that the old table used and the new one does
+  not are deleted (:func:`stale_neighbours`): a segment sent in the moment before a reroute
+  waits in the queue of an unresolved entry of the lost rail, and TCP does not retransmit a
+  segment still in the host's queues, so without this the connection stalls until the lost
+  rail answers again.
+
 Every apply is a full reconcile of the table against the plan, so a restart, a missed message or
 a hand-edited table converge to the plan with no duplicates and no churn for unchanged routes.
 """
@@ -18,18 +33,26 @@ import ipaddress
 import json
 import os
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
-from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
+from linkguard.drivers.routes import Destination, KernelRoute, Neighbour, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, PeerRoutes, Plan, decode, expand_plan
 from linkguard.signing import SignatureError, Verifier, unwrap
 
-__all__ = ["Applier", "RouteTableLike", "atomic_write", "kernel_routes", "load_peer_routes"]
+__all__ = [
+    "Applier",
+    "RouteTableLike",
+    "atomic_write",
+    "endpoint_sources",
+    "kernel_routes",
+    "load_peer_routes",
+    "stale_neighbours",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -45,24 +68,101 @@ class RouteTableLike(Protocol):
         self, upsert: Sequence[KernelRoute], remove: Iterable[Destination] = ()
     ) -> ReconcileResult: ...
     async def flush(self) -> None: ...
+    async def neighbours(self, netdevs: Iterable[str] | None = None) -> list[Neighbour]: ...
+    async def delete_neighbours(self, entries: Iterable[Neighbour]) -> int: ...
 
 
-def kernel_routes(eff: Effective) -> dict[Destination, KernelRoute]:
+def endpoint_sources(eff: Effective) -> dict[int, ipaddress.IPv4Address]:
+    """Source address per home rail: the endpoint of this host's lowest-numbered GPU homed on
+    that rail (a GPU's endpoint and home rail never change with a reroute, so neither does the
+    source of the routes towards a rail's peers); key -1: the lowest GPU's endpoint, for home
+    rails no local GPU has. Empty when the plan assigns no GPU."""
+    out: dict[int, ipaddress.IPv4Address] = {}
+    for a in sorted(eff.rail_assignments, key=lambda a: a.gpu):
+        out.setdefault(a.home_rail, a.endpoint)
+        out.setdefault(-1, a.endpoint)
+    return out
+
+
+def kernel_routes(
+    eff: Effective,
+    *,
+    source: bool = True,
+    rto_min_ms: int | None = None,
+) -> dict[Destination, KernelRoute]:
     """The table ``eff`` asks for, by destination: each prefix route on-link out of its
     netdevs (one: a plain route; several: multipath; none: ``unreachable``), each /32
     exception via its gateway, and an ``unreachable`` /32 for each of ``eff.unreachable``.
-    A /32 exception wins over a prefix route written as a /32 for the same address."""
+    A /32 exception wins over a prefix route written as a /32 for the same address.
+    With ``source`` (the agent's default, ``routes.source: endpoint``) unicast routes get
+    ``src`` by the destination's home rail (:func:`endpoint_sources`); every unicast route
+    gets ``rto_min_ms`` (ms, None: none)."""
+    srcs = endpoint_sources(eff) if source else {}
+
+    def src(home_rail: int) -> ipaddress.IPv4Address | None:
+        return srcs.get(home_rail, srcs.get(-1))
+
     out: dict[Destination, KernelRoute] = {}
     for p in eff.prefix_routes:
         hops = tuple(n for n in p.netdevs if n is not None)  # check_plan refused None ones
-        kind = "unicast" if hops else "unreachable"
-        route = KernelRoute(p.prefix, nexthops=hops, kind=kind)
+        if hops:
+            route = KernelRoute(
+                p.prefix, nexthops=hops, src=src(p.home_rail), rto_min_ms=rto_min_ms
+            )
+        else:
+            route = KernelRoute(p.prefix, kind="unreachable")
         out[route.destination] = route
     for r in eff.routes:
-        out[r.destination] = KernelRoute(r.destination, r.gateway, r.netdev)
+        out[r.destination] = KernelRoute(
+            r.destination, r.gateway, r.netdev, src=src(r.home_rail), rto_min_ms=rto_min_ms
+        )
     for d in eff.unreachable:
         out[d] = KernelRoute(d, kind="unreachable")
     return out
+
+
+class _Uses:
+    """Which neighbour entries (address, netdev) a table sends through: the gateway of each
+    route via a gateway, and every address whose longest matching route is on-link (no
+    gateway) out of that netdev (one of a multipath route's nexthops)."""
+
+    def __init__(self, table: Mapping[Destination, KernelRoute]) -> None:
+        self.table = table
+        self.lengths = sorted({ipaddress.IPv4Network(d).prefixlen for d in table}, reverse=True)
+        self.gateways = {
+            (r.gateway, n) for r in table.values() if r.gateway is not None for n in r.netdevs
+        }
+
+    def lookup(self, addr: ipaddress.IPv4Address) -> KernelRoute | None:
+        for plen in self.lengths:
+            net = ipaddress.IPv4Network((int(addr) >> (32 - plen) << (32 - plen), plen))
+            route = self.table.get(addr if plen == 32 else net)
+            if route is not None:
+                return route
+        return None
+
+    def __call__(self, addr: ipaddress.IPv4Address, netdev: str) -> bool:
+        if (addr, netdev) in self.gateways:
+            return True
+        r = self.lookup(addr)
+        return r is not None and r.kind == "unicast" and r.gateway is None and netdev in r.netdevs
+
+
+def stale_neighbours(
+    before: Mapping[Destination, KernelRoute],
+    after: Mapping[Destination, KernelRoute],
+    entries: Iterable[Neighbour],
+) -> list[Neighbour]:
+    """The neighbour ``entries`` that table ``before`` sent traffic through and table
+    ``after`` no longer does (see :class:`_Uses`), permanent ones aside: after a reroute
+    they hold the packets queued for the lost path (an unresolved entry keeps up to
+    ``unres_qlen_bytes`` of them, ip-sysctl.rst) and nothing will use them again."""
+    was, now = _Uses(before), _Uses(after)
+    return [
+        n
+        for n in entries
+        if not n.permanent and was(n.address, n.netdev) and not now(n.address, n.netdev)
+    ]
 
 
 def load_peer_routes(
@@ -141,13 +241,25 @@ class Applier:
         state_dir: Path,
         verifier: Verifier | None = None,
         require_signed: bool = True,
+        route_source: bool = True,
+        rto_min_ms: int | None = None,
+        neighbour_flush: bool = True,
     ) -> None:
         """``verifier``: the service's key, which the persisted plan and peer routes must be
         signed with when :meth:`start` restores them (``require_signed``: unsigned ones are
-        refused too); None: restored unverified."""
+        refused too); None: restored unverified. ``route_source``: routes carry a local GPU
+        endpoint as ``src`` (:func:`endpoint_sources`); ``rto_min_ms``: a locked TCP
+        ``rto_min`` on every unicast route (ms; None: the kernel's 200 ms);
+        ``neighbour_flush``: delete the neighbour entries a change leaves stale
+        (:func:`stale_neighbours`) after every table change (module docstring)."""
         self.host = host
         self.verifier = verifier
         self.require_signed = require_signed
+        self.route_source = route_source
+        self.rto_min_ms = rto_min_ms
+        self.neighbour_flush = neighbour_flush
+        #: neighbour entries deleted after route changes, since start
+        self.neighbours_flushed = 0
         self.table = table
         self.netdevs = set(netdevs)
         self.prefixes = list(prefixes)
@@ -309,7 +421,7 @@ class Applier:
         only changes what its backup changes, so it costs the same on any table size."""
         assert self.plan is not None
         eff = effective(self.plan, self.locally_down)
-        desired = kernel_routes(eff)
+        desired = kernel_routes(eff, source=self.route_source, rto_min_ms=self.rto_min_ms)
         if full:
             self.last_result = await self.table.reconcile(list(desired.values()))
         else:
@@ -317,12 +429,39 @@ class Applier:
             remove = [d for d in self.installed if d not in desired]
             self.last_result = await self.table.update(upsert, remove)
         failed = {d for d, _ in self.last_result.errors}
-        self.installed = {d: r for d, r in desired.items() if d not in failed}
+        before, self.installed = (
+            self.installed,
+            {d: r for d, r in desired.items() if d not in failed},
+        )
+        if self.neighbour_flush and before != self.installed:
+            await self._flush_neighbours(before)
         said = (eff.rail_assignments, eff.fast_path_ports)  # all the rail map says but epoch
         if said != self._rail_map_said or not self.rail_map_path.exists():
             doc = rail_map(self.host, self.plan.epoch, eff)
             atomic_write(self.rail_map_path, json.dumps(doc, indent=2) + "\n")
             self._rail_map_said = said
+
+    async def _flush_neighbours(self, before: Mapping[Destination, KernelRoute]) -> None:
+        """Delete the neighbour entries ``before`` used and :attr:`installed` does not; a
+        kernel error is logged, never raised (the routes are in place either way)."""
+        netdevs = {n for r in before.values() for n in r.netdevs}
+        if not netdevs:
+            return
+        try:
+            entries = await self.table.neighbours(netdevs)
+            stale = stale_neighbours(before, self.installed, entries)
+            if not stale:
+                return
+            deleted = await self.table.delete_neighbours(stale)
+        except Exception as exc:  # a failed flush costs TCP one stall, never the apply
+            log.warning("neighbour_flush_failed", error=repr(exc)[:500])
+            return
+        self.neighbours_flushed += deleted
+        log.info(
+            "neighbours_flushed",
+            deleted=deleted,
+            entries=[f"{n.address}@{n.netdev}" for n in stale[:16]],
+        )
 
     def _summary(self) -> dict[str, object]:
         r = self.last_result

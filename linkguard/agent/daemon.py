@@ -269,6 +269,9 @@ class Agent:
             state_dir=settings.state_dir,
             verifier=self.verifier,
             require_signed=self.require_signed,
+            route_source=settings.routes.source == "endpoint",
+            rto_min_ms=settings.routes.rto_min_ms,
+            neighbour_flush=settings.routes.neighbour_flush,
         )
         #: NCCL settings for jobs starting now, next to the rail map (linkguard.nccl)
         self.nccl = NcclFiles(settings.rail_map_path.parent, topology_file=settings.nccl_topo_file)
