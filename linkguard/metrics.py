@@ -300,6 +300,13 @@ class AgentMetrics:
                 stats.fast_paths,
             ),
             _counter(
+                "linkguard_neighbours_flushed",
+                "Neighbour (ARP) entries deleted because a route change left them stale (a "
+                "segment parked on one would stall its TCP connection until the old path "
+                "answered again; routes.neighbour_flush)",
+                a.applier.neighbours_flushed,
+            ),
+            _counter(
                 "linkguard_messages_dropped",
                 "Bus messages dropped, by reason (not_json, invalid, oversized, wrong_host, "
                 "stale_epoch, unexpected_topic, out_of_scope; signed plans: unsigned, "

@@ -85,6 +85,7 @@ async def test_agent_and_service_metrics_after_a_port_goes_down(mosquitto, tmp_p
         assert value(before, "linkguard_port_state", **_port()) == 1
         assert value(before, "linkguard_bus_connected") == 1
         assert value(before, "linkguard_port_flaps_total", **_port()) == 0
+        assert value(before, "linkguard_neighbours_flushed_total") == 0  # an in-memory table
         applied = value(before, "linkguard_plan_apply_seconds_count", path="plan")
         assert applied >= 1  # the first plan
         assert value(before, "linkguard_plan_epoch_applied") == agent.applier.applied_epoch
