@@ -89,7 +89,9 @@ KINDS = ("unicast", "unreachable")
 #: tcp_rto_min() reads RTAX_RTO_MIN (ms) only when its bit is set, as ``ip route`` sets it.
 RTAX_RTO_MIN = 13
 RTO_MIN_LOCK = 1 << RTAX_RTO_MIN
-#: Neighbour states (include/uapi/linux/neighbour.h) that linkguard never deletes.
+#: Neighbour states (include/uapi/linux/neighbour.h).
+NUD_NONE = 0x00
+NUD_INCOMPLETE = 0x01
 NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
 
@@ -216,6 +218,13 @@ class Neighbour:
     def permanent(self) -> bool:
         """Set by hand or by the kernel for good (PERMANENT, NOARP): never deleted here."""
         return bool(self.state & (NUD_PERMANENT | NUD_NOARP))
+
+    @property
+    def holds_packets(self) -> bool:
+        """Unresolved (INCOMPLETE, or NONE: just created): the one state in which the kernel
+        queues packets on the entry instead of sending them (net/core/neighbour.c,
+        ``__neigh_event_send``)."""
+        return self.state == NUD_NONE or bool(self.state & NUD_INCOMPLETE)
 
 
 @dataclass(frozen=True)

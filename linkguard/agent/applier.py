@@ -51,6 +51,7 @@ __all__ = [
     "endpoint_sources",
     "kernel_routes",
     "load_peer_routes",
+    "lost_netdevs",
     "stale_neighbours",
 ]
 
@@ -148,20 +149,44 @@ class _Uses:
         return r is not None and r.kind == "unicast" and r.gateway is None and netdev in r.netdevs
 
 
+def lost_netdevs(
+    before: Mapping[Destination, KernelRoute], after: Mapping[Destination, KernelRoute]
+) -> set[str]:
+    """The netdevs that carry some destination in ``before`` but not in ``after``: a route's
+    netdevs that its destination's route in ``after`` lacks (all of them when it is gone), and
+    for a destination new in ``after`` (a /32 exception) the netdevs of the route that
+    carried it in ``before`` that it no longer uses. Only their neighbour entries can be
+    :func:`stale_neighbours`."""
+    out: set[str] = set()
+    for d, r in before.items():
+        new = after.get(d)
+        out |= set(r.netdevs) - set(new.netdevs if new is not None else ())
+    old = _Uses(before)
+    for d, r in after.items():
+        if d not in before:
+            was = old.lookup(ipaddress.IPv4Network(d).network_address)
+            if was is not None:
+                out |= set(was.netdevs) - set(r.netdevs)
+    return out
+
+
 def stale_neighbours(
     before: Mapping[Destination, KernelRoute],
     after: Mapping[Destination, KernelRoute],
     entries: Iterable[Neighbour],
 ) -> list[Neighbour]:
-    """The neighbour ``entries`` that table ``before`` sent traffic through and table
-    ``after`` no longer does (see :class:`_Uses`), permanent ones aside: after a reroute
-    they hold the packets queued for the lost path (an unresolved entry keeps up to
-    ``unres_qlen_bytes`` of them, ip-sysctl.rst) and nothing will use them again."""
+    """The neighbour ``entries`` that may hold packets (:attr:`Neighbour.holds_packets`:
+    unresolved, the only state in which the kernel queues them, up to ``unres_qlen_bytes``;
+    ip-sysctl.rst) for an address that table ``before`` sent through them and table
+    ``after`` no longer does (:class:`_Uses`). After a reroute nothing resolves them (the
+    path is lost), so their packets would wait until the old path answers again. A resolved
+    entry of a lost path is left to expire: packets sent to it leave the host (and are lost
+    on the wire, which TCP repairs by itself)."""
     was, now = _Uses(before), _Uses(after)
     return [
         n
         for n in entries
-        if not n.permanent and was(n.address, n.netdev) and not now(n.address, n.netdev)
+        if n.holds_packets and was(n.address, n.netdev) and not now(n.address, n.netdev)
     ]
 
 
@@ -444,7 +469,7 @@ class Applier:
     async def _flush_neighbours(self, before: Mapping[Destination, KernelRoute]) -> None:
         """Delete the neighbour entries ``before`` used and :attr:`installed` does not; a
         kernel error is logged, never raised (the routes are in place either way)."""
-        netdevs = {n for r in before.values() for n in r.netdevs}
+        netdevs = lost_netdevs(before, self.installed)
         if not netdevs:
             return
         try:

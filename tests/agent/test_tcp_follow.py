@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from linkguard.agent.applier import Applier, endpoint_sources, kernel_routes, stale_neighbours
+from linkguard.agent.applier import (
+    Applier,
+    endpoint_sources,
+    kernel_routes,
+    lost_netdevs,
+    stale_neighbours,
+)
 from linkguard.agent.plans import Effective
 from linkguard.drivers.routes import KernelRoute, Neighbour
 from linkguard.drivers.simulated import MemoryRouteTable
@@ -104,17 +110,23 @@ def test_kernel_routes_carry_src_and_rto_min_on_unicast_only() -> None:
 # -- stale neighbours ---------------------------------------------------------------------------
 
 BEFORE = table(onlink("10.200.128.0/24", "rail0"), onlink("10.200.129.0/24", "rail1"))
+NONE, FAILED, STALE, PROBE = 0x00, 0x20, 0x04, 0x10
 
 
-def test_a_prefix_moved_off_a_rail_leaves_that_rails_entries_stale() -> None:
+def test_a_prefix_moved_off_a_rail_leaves_its_unresolved_entries_stale() -> None:
     # the fast path: rail 0 lost, its subnet now multipath over rails 1 and 2
     after = table(onlink("10.200.128.0/24", "rail1", "rail2"), onlink("10.200.129.0/24", "rail1"))
+    assert lost_netdevs(BEFORE, after) == {"rail0"}
     entries = [
         N("10.200.128.2", "rail0", INCOMPLETE),  # the parked segment's entry
-        N("10.200.128.3", "rail0"),
-        N("10.200.128.2", "rail1"),  # the new path: kept
-        N("10.200.129.2", "rail1"),  # untouched subnet
-        N("10.100.0.2", "rail0"),  # not an address linkguard's routes send to: not ours
+        N("10.200.128.6", "rail0", NONE),  # just created: its first packet waits there too
+        N("10.200.128.3", "rail0", REACHABLE),  # resolved: packets leave the host; left alone
+        N("10.200.128.7", "rail0", STALE),
+        N("10.200.128.8", "rail0", PROBE),
+        N("10.200.128.9", "rail0", FAILED),  # holds nothing
+        N("10.200.128.2", "rail1", INCOMPLETE),  # the new path: kept
+        N("10.200.129.2", "rail1", INCOMPLETE),  # untouched subnet
+        N("10.100.0.2", "rail0", INCOMPLETE),  # not an address linkguard's routes send to
         N("10.200.128.4", "rail0", PERMANENT),
         N("10.200.128.5", "rail0", NOARP),
     ]
@@ -124,12 +136,14 @@ def test_a_prefix_moved_off_a_rail_leaves_that_rails_entries_stale() -> None:
 def test_a_32_exception_makes_one_address_stale_on_the_prefix_rail() -> None:
     # a peer lost its rail 1: its endpoint moves to a /32 via its rail-0 address
     after = {**BEFORE, **table(via("10.200.129.2", "10.100.0.2", "rail0"))}
-    entries = [N("10.200.129.2", "rail1", INCOMPLETE), N("10.200.129.3", "rail1")]
+    assert lost_netdevs(BEFORE, after) == {"rail1"}
+    entries = [N("10.200.129.2", "rail1", INCOMPLETE), N("10.200.129.3", "rail1", INCOMPLETE)]
     assert stale_neighbours(BEFORE, after, entries) == entries[:1]
     # and back: the /32 goes, its gateway's entry on rail 0 is stale, the endpoint's on rail 1
     # is used again
-    back = stale_neighbours(after, BEFORE, [N("10.100.0.2", "rail0"), *entries])
-    assert back == [N("10.100.0.2", "rail0")]
+    assert lost_netdevs(after, BEFORE) == {"rail0"}
+    gw = N("10.100.0.2", "rail0", INCOMPLETE)
+    assert stale_neighbours(after, BEFORE, [gw, *entries]) == [gw]
 
 
 def test_a_gateway_still_used_by_another_route_is_kept() -> None:
@@ -137,10 +151,12 @@ def test_a_gateway_still_used_by_another_route_is_kept() -> None:
         via("10.200.129.2", "10.100.0.2", "rail0"), via("10.200.129.3", "10.100.0.2", "rail0")
     )
     after = table(via("10.200.129.3", "10.100.0.2", "rail0"))
-    assert stale_neighbours(before, after, [N("10.100.0.2", "rail0")]) == []
+    gw = N("10.100.0.2", "rail0", INCOMPLETE)
+    assert lost_netdevs(before, after) == {"rail0"}
+    assert stale_neighbours(before, after, [gw]) == []
     # the same gateway out of another netdev does not keep the rail-0 entry
     moved = table(via("10.200.129.3", "10.100.0.2", "rail1"))
-    assert stale_neighbours(before, moved, [N("10.100.0.2", "rail0")]) == [N("10.100.0.2", "rail0")]
+    assert stale_neighbours(before, moved, [gw]) == [gw]
 
 
 @pytest.mark.parametrize("gone", ["unreachable", "deleted"])
@@ -152,15 +168,19 @@ def test_a_destination_without_a_path_leaves_its_entries_stale(gone: str) -> Non
         )
     else:
         del after[IPv4Network("10.200.128.0/24")]
-    assert stale_neighbours(BEFORE, after, [N("10.200.128.2", "rail0")]) == [
-        N("10.200.128.2", "rail0")
-    ]
+    assert lost_netdevs(BEFORE, after) == {"rail0"}
+    parked = N("10.200.128.2", "rail0", INCOMPLETE)
+    assert stale_neighbours(BEFORE, after, [parked]) == [parked]
 
 
-def test_an_unchanged_table_leaves_nothing_stale() -> None:
-    entries = [N("10.200.128.2", "rail0", INCOMPLETE), N("10.200.129.2", "rail1")]
+def test_an_unchanged_or_growing_table_leaves_nothing_stale() -> None:
+    entries = [N("10.200.128.2", "rail0", INCOMPLETE), N("10.200.129.2", "rail1", INCOMPLETE)]
     assert stale_neighbours(BEFORE, dict(BEFORE), entries) == []
     assert stale_neighbours({}, BEFORE, entries) == []
+    assert lost_netdevs(BEFORE, dict(BEFORE)) == lost_netdevs({}, BEFORE) == set()
+    # a rail added to a multipath route loses nothing
+    wider = table(onlink("10.200.128.0/24", "rail0", "rail2"), onlink("10.200.129.0/24", "rail1"))
+    assert lost_netdevs(BEFORE, wider) == set()
 
 
 # -- in the applier -----------------------------------------------------------------------------
