@@ -47,9 +47,13 @@ and what does not"):
   fails the job once such a doomed port has stayed down ``grace_s`` (or at once); a fused NIC
   with a member down or left out at a restart has no margin for that job.
 
-Costs are tallied as before: ``interruptions`` (restarts), ``stalls`` (outages that paused the
-job without a restart), ``idle_s`` the union of the idle intervals clipped at the window's end.
-An outage whose down starts while the job is between a failure and its processes' restart
+The job also restarts for other causes (``FailureModel.other_restarts``: Llama 3's rate, every
+3.4 h on 16,384 GPUs); such a restart is charged to neither side, it only ends the job's life as
+the RDMA transports track it (the ports it left out, its failed fused members).
+
+Costs: ``interruptions`` (restarts), ``stalls`` (outages that paused the job without a
+restart), ``idle_s`` the union of the idle intervals clipped at the window's end. An outage
+whose down starts while the job is between a failure and its processes' restart
 (``restart_s``) costs nothing more. Reduced bandwidth while a rail is out is not charged.
 """
 

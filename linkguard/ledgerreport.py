@@ -570,8 +570,15 @@ def _build(
             fused=lambda _host, rail: pairs.get(rail, (rail,)),
         )
     else:
-        priced = {
-            t: TransportCost(t, _zero_cost(), _zero_cost(), None, (), assumptions(t, model))
+        priced = {  # an empty window costs nothing
+            t: TransportCost(
+                t,
+                _zero_cost(),
+                _zero_cost(),
+                None if t == "ip" else _zero_cost(),
+                (),
+                assumptions(t, model),
+            )
             for t in TRANSPORTS
             if t in transports
         }
