@@ -77,6 +77,68 @@ def _nonempty(text: str) -> str:
     return text
 
 
+#: ``--transport`` choices: one transport, or ``all`` (linkguard.jobcost.TRANSPORTS)
+TRANSPORT_CHOICES = ("ip", "nccl-ib", "nccl-ib-failover", "all")
+
+
+def _ip_stall_file(text: str) -> tuple[float, str]:
+    """``--ip-stall-from FILE`` (argparse type): the lab job benchmark's JSON
+    (:func:`linkguard.failuremodel.ip_stall_from_json`) -> (seconds, source note)."""
+    from linkguard.failuremodel import ip_stall_from_json
+
+    try:
+        data = Path(text).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc}") from None
+    try:
+        return ip_stall_from_json(data, source=text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_transport_args(p: argparse.ArgumentParser) -> None:
+    """``--transport``, ``--ip-stall-from`` / ``--ip-stall-ms`` of ``sim fleet`` and ``report``."""
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORT_CHOICES,
+        default="all",
+        help="the job's transport to price outages for: ip (Gloo, NCCL's socket transport, "
+        "IPoIB: a reroute moves it), nccl-ib (NCCL's IB transport: queue pairs stay on their "
+        "port), nccl-ib-failover (NCCL >= 2.29.7 fused NICs), or all (default: a table each)",
+    )
+    stall = p.add_mutually_exclusive_group()
+    stall.add_argument(
+        "--ip-stall-from",
+        type=_ip_stall_file,
+        metavar="FILE",
+        help="the ip transport's stall per rerouted outage from the lab job benchmark's JSON "
+        '(benchmarks/job_stall.py): {"with_linkguard": {"stall_ms": {"p99": MS}}}',
+    )
+    stall.add_argument(
+        "--ip-stall-ms",
+        type=_positive(float, lo=0, hi=3_600_000),
+        metavar="MS",
+        help="the ip transport's stall per rerouted outage, in ms (default: "
+        "linkguard.failuremodel.IP_STALL_S)",
+    )
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The job model fields ``--ip-stall-from`` / ``--ip-stall-ms`` set."""
+    if args.ip_stall_from is not None:
+        seconds, source = args.ip_stall_from
+        return {"ip_stall_s": seconds, "ip_stall_source": source}
+    if args.ip_stall_ms is not None:
+        return {"ip_stall_s": args.ip_stall_ms / 1000, "ip_stall_source": "--ip-stall-ms"}
+    return {}
+
+
+def _transports(args: argparse.Namespace) -> tuple[str, ...]:
+    from linkguard.jobcost import TRANSPORTS
+
+    return TRANSPORTS if args.transport == "all" else (args.transport,)
+
+
 def _cable(text: str):
     """``A,B`` or ``A,B,COUNT`` -> a :class:`~linkguard.models.CableRef` (argparse type)."""
     from pydantic import ValidationError
@@ -758,9 +820,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate a rail-optimized fabric and a seeded fault timeline at published "
         "rates (Llama 3 switch/cable and NIC interruptions, Alibaba HPN NIC-ToR link failures; "
         "linkguard.simulations.failures), replay it through the engine, and print what it "
-        "costs one job on every GPU with and without linkguard: interruptions per 1,000 "
-        "GPU-days, idled GPU-hours, goodput, reroutes, time to reroute, needless reroutes, "
-        "worst NIC load. With linkguard assumes the job follows the rail map.",
+        "costs one job on every GPU with and without linkguard, per transport (--transport): "
+        "interruptions per 1,000 GPU-days, idled GPU-hours, goodput, outages that cost more "
+        "with linkguard; then reroutes, time to reroute, needless reroutes, worst NIC load. "
+        "Each transport's table states what it assumes.",
         epilog="Exit codes: 0 done (and, with --oracle, no mismatch), 1 an oracle mismatch or "
         "an output file could not be written, 2 bad arguments.",
     )
@@ -813,6 +876,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the run to a new ledger at PATH (SQLite; must not exist yet), for "
         "`linkguard report --ledger PATH`",
     )
+    _add_transport_args(sf)
     rp = sub.add_parser(
         "report",
         help="the interruption report of a ledger: cost with/without linkguard, worst links",
@@ -820,8 +884,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`sim fleet --ledger`) and report over a time window: interruptions per 1,000 "
         "GPU-days next to Meta's published rate (Llama 3: 419 in 54 days on 16,384 GPUs), "
         "link-caused interruptions avoided, idled GPU-hours with and without linkguard, "
-        "GPU-hours and money saved, reroutes, worst links, per-rail and per-leaf tables. The "
-        "cost model is the fleet simulator's (linkguard.simulations.fleetreport).",
+        "GPU-hours and money saved per transport (--transport), reroutes, worst links, "
+        "per-rail and per-leaf tables. The cost model is the fleet simulator's "
+        "(linkguard.jobcost), with the newest run's job model.",
         epilog="Exit codes: 0 done, 1 the output could not be written, 2 bad arguments, no "
         "run in the window, or a missing, empty, unreadable, corrupted or newer-schema ledger. "
         "The ledger is opened read-only: the report never creates or changes a file.",
@@ -852,6 +917,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a service is recording)",
     )
     rp.add_argument("--out", type=Path, metavar="F", help="write to F instead of stdout")
+    _add_transport_args(rp)
     return parser
 
 
@@ -1394,9 +1460,17 @@ def _sim_fleet(args: argparse.Namespace) -> int:
         return _fail(
             f"sim fleet: --ledger {args.ledger}: {args.ledger.parent} is not a directory", 2
         )
+    from linkguard.failuremodel import FailureModel
+
     progress = stderr_progress(True if args.progress else None)
     ft, rep = simulate(
-        spec, duration_s=args.days * 86400, seed=args.seed, oracle=args.oracle, progress=progress
+        spec,
+        duration_s=args.days * 86400,
+        seed=args.seed,
+        oracle=args.oracle,
+        progress=progress,
+        model=FailureModel(**_model_overrides(args)),  # type: ignore[arg-type]
+        transports=_transports(args),
     )
     sys.stdout.write(rep.text())
     try:
@@ -1437,7 +1511,11 @@ def _report(args: argparse.Namespace) -> int:
     try:
         with Ledger(args.ledger, read_only=True) as ledger:  # creates and changes nothing
             rep = ledger.report(
-                price_per_gpu_hour=args.price_per_gpu_hour, since=args.since, until=args.until
+                price_per_gpu_hour=args.price_per_gpu_hour,
+                since=args.since,
+                until=args.until,
+                transports=_transports(args),
+                model_overrides=_model_overrides(args),
             )
     except (LedgerError, ValueError) as exc:
         return _fail(f"report: {exc}", 2)

@@ -15,7 +15,7 @@ Tables (schema :data:`SCHEMA_VERSION`, in ``meta``; a file of a newer schema is 
   fabric name, hosts, GPUs, rails, ``window_start`` / ``window_end`` (what the run observed;
   a service run's end moves forward with every write and every 30 s), ``duration_s``, the job
   model used (``model``: the fields of
-  :class:`~linkguard.simulations.failures.FailureModel`, JSON) and ``stats`` (JSON: a
+  :class:`~linkguard.failuremodel.FailureModel`, JSON) and ``stats`` (JSON: a
   simulation's ``reroutes``, ``solves``, ``plans``; a service run's ``initial_epoch``, the
   epoch of its first ``plans`` change, the initial build, which the report does not count as a
   reroute);
@@ -99,8 +99,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
+    from linkguard.failuremodel import FailureModel
     from linkguard.ledgerreport import LedgerReport
-    from linkguard.simulations.failures import FailureModel, FleetTimeline
+    from linkguard.simulations.failures import FleetTimeline
     from linkguard.simulations.fleetreport import FleetReport
     from linkguard.topology.changes import Change
     from linkguard.topology.fabric import Fabric
@@ -550,15 +551,15 @@ _STOP = _Stop()
 
 
 def _model_json(model: FailureModel | None) -> str:
-    from linkguard.simulations.failures import FailureModel
+    from linkguard.failuremodel import FailureModel
 
     return json.dumps(asdict(model or FailureModel()))
 
 
 def model_from_json(text: str) -> FailureModel:
-    """A :class:`~linkguard.simulations.failures.FailureModel` from a run's ``model`` JSON
+    """A :class:`~linkguard.failuremodel.FailureModel` from a run's ``model`` JSON
     (fields it does not know are ignored; missing ones take their defaults)."""
-    from linkguard.simulations.failures import FailureModel
+    from linkguard.failuremodel import FailureModel
 
     try:
         raw = json.loads(text)
@@ -773,7 +774,7 @@ class Ledger:
     ) -> int:
         """Record a run over ``fabric`` and make it the one changes are recorded under;
         returns its id. ``model``: the job model (default
-        :class:`~linkguard.simulations.failures.FailureModel`'s defaults)."""
+        :class:`~linkguard.failuremodel.FailureModel`'s defaults)."""
         if source not in ("service", "simulation"):
             raise ValueError(f"source must be 'service' or 'simulation', got {source!r}")
         if self.read_only:
@@ -1145,9 +1146,11 @@ class Ledger:
     def record_simulation(self, timeline: FleetTimeline, report: FleetReport) -> int:
         """Write one fleet simulation (:func:`linkguard.simulations.fleetreport.simulate`) as
         a run: its window (from :data:`~linkguard.simulations.engine.WALL0`), job model, the
-        port transitions of the expanded timeline (``port_events`` and ``events``), its
-        outages with the engine's ``reroute_ms`` and the ports each took down, and its
-        ``reroutes`` / ``solves`` / ``plans`` as the run's stats. Returns the run id."""
+        port transitions of the expanded timeline and of the engine's hold-downs (``up`` ->
+        ``down`` -> ``held_down`` -> ``up``, as a service records them; a port back in use at
+        once goes ``down`` -> ``up``) in ``port_events`` and ``events``, its outages with the
+        engine's ``reroute_ms`` and the ports each took down, and its ``reroutes`` /
+        ``solves`` / ``plans`` as the run's stats. Returns the run id."""
         from linkguard.simulations.engine import WALL0
         from linkguard.simulations.scenario import expand
 
@@ -1168,51 +1171,67 @@ class Ledger:
             },
         )
         places = self._places
-        down: set[tuple[str, int]] = set()
+        key_of = {(h.host, c.rail): (h.host, c.hca, c.port) for h in fabric.hosts for c in h.hcas}
+        # (at_s, order, host, rail, kind): the timeline's port events, then the engine's returns
+        # to use at the same instant
+        moves = [
+            (e.at_s, 0, e.host, e.rail, e.kind, f"{e.state}/{e.phys_state}", e.entry)
+            for e in expand(loaded)
+            if e.kind.startswith("port_")
+        ]
+        moves += [
+            (float(r["at_s"]), 1, str(r["host"]), int(r["rail"]), "return", "hold-down over", -1)  # type: ignore[arg-type]
+            for r in report.returns
+        ]
+        moves.sort(key=lambda m: (m[0], m[1]))
+        back_at = {(m[2], m[3], m[0]) for m in moves if m[4] == "return"}
+        status: dict[tuple[str, int], str] = {}  # absent: up
         taken: dict[tuple[int, float], list[PortKey]] = {}
         port_rows, event_rows = [], []
-        for e in expand(loaded):
-            if not e.kind.startswith("port_"):
-                continue
-            assert e.host and e.hca and e.port is not None and e.rail is not None
-            key: PortKey = (e.host, e.hca, e.port)
-            pl = places.get(key, PortPlace(e.rail, None, None))
-            if e.kind == "port_down":
-                if (e.host, e.rail) in down:
+        for at_s, _, host, rail, kind, reason, entry in moves:
+            assert host is not None and rail is not None
+            key: PortKey = key_of[(host, rail)]
+            now = status.get((host, rail), "up")
+            if kind == "port_down":
+                if now == "down":
                     continue  # another reading of a port already down: no transition
-                down.add((e.host, e.rail))
-                taken.setdefault((e.entry, e.at_s), []).append(key)
-                previous, current = "up", "down"
-            else:
-                if (e.host, e.rail) not in down:
+                taken.setdefault((entry, at_s), []).append(key)
+                current = "down"
+            elif kind == "port_up":
+                if now != "down":
                     continue
-                down.discard((e.host, e.rail))
-                previous, current = "down", "up"
-            at = WALL0 + e.at_s
-            reason = f"{e.state}/{e.phys_state}"
+                current = "up" if (host, rail, at_s) in back_at else "held_down"
+            elif now == "held_down":  # the engine put the port back in use
+                current = "up"
+            else:
+                continue
+            status[(host, rail)] = current
+            pl = places.get(key, PortPlace(rail, None, None))
+            at = WALL0 + at_s
             port_rows.append(
-                (run, at, e.host, e.hca, e.port, pl.rail, pl.leaf, pl.su, previous, current, reason)
+                (run, at, host, key[1], key[2], pl.rail, pl.leaf, pl.su, now, current, reason)
             )
             data = {
-                "host": e.host,
-                "hca": e.hca,
-                "port": e.port,
-                "rail": e.rail,
-                "previous": previous,
+                "host": host,
+                "hca": key[1],
+                "port": key[2],
+                "rail": rail,
+                "previous": now,
                 "current": current,
                 "reason": reason,
                 "at": at,
-                "timeline_entry": e.entry,
             }
+            if entry >= 0:
+                data["timeline_entry"] = entry
             event_rows.append(
                 (
                     run,
                     None,
                     "port_event",
                     at,
-                    e.host,
-                    e.hca,
-                    e.port,
+                    host,
+                    key[1],
+                    key[2],
                     pl.rail,
                     pl.leaf,
                     pl.su,
@@ -1318,11 +1337,16 @@ class Ledger:
         since: float | None = None,
         until: float | None = None,
         now: float | None = None,
+        transports: Iterable[str] | None = None,
+        model_overrides: dict[str, Any] | None = None,
     ) -> LedgerReport:
         """The interruption report over ``[since, until)`` (Unix s; default: the runs'
         whole window), clamped to what the runs recorded; a service run still recording
-        reaches ``now`` (default the clock). Raises ValueError for a negative or non-finite
-        price, a time outside 0 .. :data:`MAX_TIME` or ``since`` not before ``until``;
+        reaches ``now`` (default the clock); priced on ``transports`` (default all of
+        :data:`linkguard.jobcost.TRANSPORTS`) with the newest run's job model and
+        ``model_overrides`` (:func:`linkguard.ledgerreport.build_report`). Raises ValueError
+        for a negative or non-finite price, a time outside 0 .. :data:`MAX_TIME`, ``since``
+        not before ``until``, an unknown transport or an override the model refuses;
         :class:`NoRunError` when no run overlaps the window; :class:`LedgerError` when the
         ledger cannot be read or its runs hold values no run can have (naming row and field).
         """
@@ -1336,6 +1360,8 @@ class Ledger:
                 since=since,
                 until=until,
                 now=time.time() if now is None else now,
+                model_overrides=model_overrides,
+                **({} if transports is None else {"transports": transports}),
             )
 
     def count(self, table: str) -> int:

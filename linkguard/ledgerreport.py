@@ -5,20 +5,27 @@ Consumes: a ledger (:mod:`linkguard.ledger`): its runs, outages, port events, pl
 suppressions in a time window. Produces: a :class:`LedgerReport` (:func:`build_report`) with a
 JSON form (schema :data:`REPORT_SCHEMA`), a text table and CSV rows.
 
-The job cost is the fleet simulator's model, reused as is: the window's outages become
-:class:`~linkguard.simulations.fleetreport.Outage` records and are costed by
-:func:`~linkguard.simulations.fleetreport.cost_with` and
-:func:`~linkguard.simulations.fleetreport.cost_without` with the job model of the newest run in
-the window (:class:`~linkguard.simulations.failures.FailureModel`; a service records its
-defaults), its GPU count and the window's length. So a ledger written by ``linkguard sim fleet
---ledger`` reports the simulator's own numbers. An outage whose reroute is ``pending`` or
-``unconfirmed`` (an affected host never acked its new plan) is charged as without linkguard.
+The job cost is :mod:`linkguard.jobcost`'s, the one ``linkguard sim fleet`` uses, per transport
+(``ip``, ``nccl-ib``, ``nccl-ib-failover``; :data:`~linkguard.jobcost.TRANSPORTS`): the window's
+outages become :class:`~linkguard.jobcost.Outage` records, each with its ports (``outage_ports``)
+and, from ``port_events``, when each port was up again and when it was back in use (``up``
+after ``held_down`` / ``suppressed``), priced with the job model of the newest run in the
+window (:class:`~linkguard.failuremodel.FailureModel`; a service records its defaults), its GPU
+count and the window's length. So a ledger written by ``linkguard sim fleet --ledger`` reports
+the simulator's own numbers. Fused pairs (``nccl-ib-failover``) are those of a host laid out as
+the generator lays one out (:func:`~linkguard.jobcost.generated_fused_rails`): the ledger does
+not record host layouts. An outage whose reroute is ``pending`` or ``unconfirmed`` (an affected
+host never acked its new plan) is charged as without linkguard for ``ip`` (the RDMA transports'
+levers, fail-fast and ``nccl.env``, act on each host's own view).
+
 The window is one stretch from its start to its end: gaps between service runs count as time
 without outages. It is the ``since`` / ``until`` asked for, clamped to the runs that overlap
 it (first start to last end), so time nobody recorded never dilutes the rates; a service run
-still recording (not closed, written within :data:`LIVE_WITHIN_S`) ends now. Reroutes and
-solves leave out each service run's initial plan build (the simulator leaves out its build at
-time 0 too); an outage still open is never a needless reroute (its length is not known yet).
+still recording (not closed, written within :data:`~linkguard.ledgerrows.LIVE_WITHIN_S`) ends
+now. The rows are read by :mod:`linkguard.ledgerrows`. Reroutes and solves leave out each
+service run's initial plan build (the simulator leaves out its build at time 0 too). A needless
+reroute moved traffic only once its link was back (time to reroute >= down time); an outage
+still open is never one (its length is not known yet).
 The ``runs`` rows are checked (:class:`~linkguard.ledger.LedgerError` names row and field).
 
 Reference rate: Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4 and Table 5: 419
@@ -33,31 +40,39 @@ port-seconds down inside the window).
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
 import textwrap
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from linkguard.ledger import HEARTBEAT_S, MAX_TIME, LedgerError, NoRunError, iso, model_from_json
-from linkguard.simulations.failures import FailureModel
-from linkguard.simulations.fleetreport import (
-    ASSUMES,
+from linkguard.costreport import model_dict, quantiles, reroute_lines, transport_lines
+from linkguard.failuremodel import FailureModel
+from linkguard.jobcost import (
+    COMMON_ASSUMES,
+    TRANSPORTS,
     Cost,
     Outage,
-    cost_rows,
-    cost_with,
-    cost_without,
-    quantiles,
+    TransportCost,
+    assumptions,
+    generated_fused_rails,
+    needless,
+    price_transports,
 )
+from linkguard.ledger import MAX_TIME, LedgerError, NoRunError, iso
+from linkguard.ledgerrows import Run, blank, outage_links, port_tables, read_runs
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
 
-#: The ``schema`` of :meth:`LedgerReport.to_dict`.
-REPORT_SCHEMA = "linkguard.ledger-report/v1"
+#: The ``schema`` of :meth:`LedgerReport.to_dict`. v2 (v1: one "follows the rail map" price):
+#: ``transports`` has each transport's costs, savings and assumptions; ``transport`` names the
+#: one the top-level ``with_linkguard`` / ``without_linkguard`` / ``interruptions_avoided`` /
+#: ``gpu_hours_saved`` / ``dollars_saved`` repeat (the one asked for; ``ip`` when all are);
+#: ``needless_reroutes`` counts reroutes that landed after their link was back.
+REPORT_SCHEMA = "linkguard.ledger-report/v2"
 
 #: The columns of :meth:`LedgerReport.csv_rows` (a long table: one value per row).
 CSV_HEADER = ("section", "item", "metric", "value")
@@ -84,12 +99,6 @@ def meta_reference() -> dict[str, object]:
     }
 
 
-def _cost_dict(c: Cost) -> dict[str, object]:
-    d = asdict(c)
-    d.pop("intervals")
-    return d
-
-
 def _zero_cost() -> Cost:
     return Cost(0, 0, 0.0, 0.0, 1.0, 0.0)
 
@@ -111,8 +120,8 @@ class LedgerReport:
     gpus: int
     model: FailureModel
     outages: list[dict[str, Any]]
-    with_linkguard: Cost
-    without_linkguard: Cost
+    #: transport -> its costs, in the order printed
+    transports: dict[str, TransportCost]
     price_per_gpu_hour: float
     reroutes: int
     solves: int
@@ -143,18 +152,36 @@ class LedgerReport:
         return self.gpus * self.duration_s / 86400
 
     @property
+    def transport(self) -> str:
+        """The transport the top-level figures repeat: the only one priced, else ``ip``."""
+        return next(iter(self.transports)) if len(self.transports) == 1 else "ip"
+
+    @property
+    def with_linkguard(self) -> Cost:
+        return self.transports[self.transport].with_linkguard
+
+    @property
+    def without_linkguard(self) -> Cost:
+        return self.transports[self.transport].without_linkguard
+
+    @property
     def interruptions_avoided(self) -> int:
-        """Link-caused interruptions avoided: outages past NCCL's budget that linkguard
-        rerouted (interruptions without - with)."""
-        return self.without_linkguard.interruptions - self.with_linkguard.interruptions
+        """Link-caused interruptions avoided on :attr:`transport` (interruptions without -
+        with; negative when linkguard costs restarts)."""
+        return self.transports[self.transport].interruptions_avoided
 
     @property
     def gpu_hours_saved(self) -> float:
-        return round(self.without_linkguard.idle_gpu_hours - self.with_linkguard.idle_gpu_hours, 6)
+        return self.transports[self.transport].gpu_hours_saved
 
     @property
     def dollars_saved(self) -> float:
         return round(self.gpu_hours_saved * self.price_per_gpu_hour, 2)
+
+    def _transport_dict(self, tc: TransportCost) -> dict[str, object]:
+        return tc.to_dict() | {
+            "dollars_saved": round(tc.gpu_hours_saved * self.price_per_gpu_hour, 2)
+        }
 
     def outage_counts(self) -> dict[str, Any]:
         """``outages``, ``open`` (still down at the window's end), ``isolated`` (a host lost
@@ -192,15 +219,12 @@ class LedgerReport:
                 "gpus": self.gpus,
             },
             "gpu_days": self.gpu_days,
-            "model": {
-                **asdict(m),
-                "nccl_budget_s": m.nccl_budget_s,
-                "restart_cost_s": m.restart_cost_s,
-                "ride_out_s": m.ride_out_s,
-            },
+            "model": model_dict(m),
             "outage_counts": self.outage_counts(),
-            "with_linkguard": _cost_dict(self.with_linkguard),
-            "without_linkguard": _cost_dict(self.without_linkguard),
+            "transport": self.transport,
+            "with_linkguard": self.with_linkguard.to_dict(),
+            "without_linkguard": self.without_linkguard.to_dict(),
+            "transports": {k: self._transport_dict(v) for k, v in self.transports.items()},
             "interruptions_avoided": self.interruptions_avoided,
             "reference": meta_reference(),
             "price_per_gpu_hour": self.price_per_gpu_hour,
@@ -216,13 +240,13 @@ class LedgerReport:
             "worst_links": self.worst_links,
             "per_rail": self.per_rail,
             "per_leaf": self.per_leaf,
-            "assumes": ASSUMES,
+            "assumes": COMMON_ASSUMES,
             "outages": self.outages,
         }
 
     def text(self) -> str:
-        """A few lines and three small tables."""
-        w, wo, ref = self.with_linkguard, self.without_linkguard, meta_reference()
+        """A few lines, a cost table per transport and three small tables."""
+        ref = meta_reference()
         days = self.duration_s / 86400
         n = len(self.outages)
         lines = [
@@ -234,7 +258,6 @@ class LedgerReport:
             f"  {n} outages ({sum(1 for o in self.outages if o['isolated'])} isolated a host, "
             f"{sum(1 for o in self.outages if o['open'])} still open), {self.port_downs} port "
             f"downs, {self.suppressions} suppressions",
-            f"  {'':34} {'with linkguard':>16} {'without':>12}",
         ]
         if self.clamped:
             asked = (
@@ -242,25 +265,30 @@ class LedgerReport:
                 f"{'-' if self.requested_until is None else iso(self.requested_until)}"
             )
             lines.insert(2, f"    (asked {asked}: clamped to what the ledger recorded)")
-        lines += [f"  {a:34} {b:>16} {c:>12}" for a, b, c in cost_rows(w, wo)]
+        for tc in self.transports.values():
+            lines += transport_lines(tc, label_width=34, ids="id")
+            dollars = round(tc.gpu_hours_saved * self.price_per_gpu_hour, 2)
+            lines.append(
+                f"  link-caused interruptions avoided: {tc.interruptions_avoided}; GPU-hours "
+                f"saved {tc.gpu_hours_saved:,.1f}, at ${self.price_per_gpu_hour:,.2f} per "
+                f"GPU-hour ${dollars:,.2f}"
+            )
         lines += [
             f"  Meta, Llama 3 (419 in 54 days on 16,384 GPUs): {ref['per_1000_gpu_days']:.4f} "
             f"interruptions per 1,000 GPU-days,",
             f"    all causes (one per {ref['gpu_days_per_interruption']:,.0f} GPU-days); "
             f"{ref['link_caused_per_1000_gpu_days']:.4f} of them switch/cable + NIC",
-            f"  link-caused interruptions avoided: {self.interruptions_avoided}; GPU-hours saved "
-            f"{self.gpu_hours_saved:,.1f}, at ${self.price_per_gpu_hour:,.2f} per GPU-hour "
-            f"${self.dollars_saved:,.2f}",
         ]
-        t = self.time_to_reroute_ms
-        ttr = (
-            f"p50 {t['p50']:g} ms, p99 {t['p99']:g} ms, max {t['max']:g} ms"
-            if t["count"]
-            else "none"
-        )
-        lines.append(
-            f"  reroutes {self.reroutes} ({self.solves} solves); time to reroute {ttr}; "
-            f"needless {self.needless_reroutes}; unconfirmed {self.unconfirmed_reroutes}"
+        lines += reroute_lines(
+            rerouted=sum(1 for o in self.outages if o["reroute"] == "done"),
+            held=sum(1 for o in self.outages if o["reroute"] == "none" and not o["isolated"]),
+            model=self.model,
+            ttr=self.time_to_reroute_ms,
+            needless_count=self.needless_reroutes,
+            changes=f"{self.reroutes} plan changes in {self.solves} solves; "
+            f"{self.unconfirmed_reroutes} unconfirmed (charged as without for ip)",
+            clock="from an outage's first down to the last ack of the plans that moved every "
+            "affected host; a simulation's ledger: the simulated clock",
         )
         lines.append("worst links (most flaps):")
         if self.worst_links:
@@ -295,8 +323,8 @@ class LedgerReport:
         else:
             lines.append("  none")
         lines += textwrap.wrap(
-            f"model: NCCL budget {self.model.nccl_budget_s:.1f} s, restart cost "
-            f"{self.model.restart_cost_s:,.0f} s; assumes: {ASSUMES}",
+            f"all transports assume: {COMMON_ASSUMES} (restart_s {self.model.restart_s:g} s, "
+            f"checkpoint interval {self.model.checkpoint_interval_s:g} s)",
             96,
             initial_indent="  ",
             subsequent_indent="    ",
@@ -305,10 +333,13 @@ class LedgerReport:
 
     def csv_rows(self) -> list[tuple[object, ...]]:
         """The report as a long table: :data:`CSV_HEADER`, then one ``(section, item, metric,
-        value)`` row per number of :meth:`text` (sections ``summary``, ``time_to_reroute_ms``,
-        ``outage_counts`` (item: an outage kind, or empty for all), ``with_linkguard``,
-        ``without_linkguard``, ``link`` (item ``host:hca/port``), ``rail``, ``leaf``); the
-        per-outage list and the model are in :meth:`to_dict` only. None is an empty value."""
+        value)`` row per number of :meth:`text` (sections ``summary`` (its savings: the
+        top-level transport's), ``time_to_reroute_ms``, ``outage_counts`` (item: an outage kind,
+        or empty for all), ``with_linkguard``, ``with_linkguard_at_once`` (RDMA transports),
+        ``without_linkguard`` and ``transport`` (savings, outages charged more with linkguard),
+        each with a transport as item, ``link`` (item ``host:hca/port``), ``rail``, ``leaf``);
+        the per-outage list and the model are in :meth:`to_dict` only. None is an empty
+        value."""
         rows: list[tuple[object, ...]] = [CSV_HEADER]
         ref = meta_reference()
         summary = {
@@ -336,16 +367,29 @@ class LedgerReport:
             "meta_gpu_days_per_interruption": ref["gpu_days_per_interruption"],
             "meta_link_caused_per_1000_gpu_days": ref["link_caused_per_1000_gpu_days"],
         }
+        summary["transport"] = self.transport
         rows += [("summary", "", k, v) for k, v in summary.items()]
         rows += [("time_to_reroute_ms", "", k, v) for k, v in self.time_to_reroute_ms.items()]
         counts = self.outage_counts()
         rows += [("outage_counts", "", k, counts[k]) for k in ("outages", "open", "isolated")]
         rows += [("outage_counts", k, "outages", n) for k, n in counts["by_kind"].items()]
-        for name, cost in (
-            ("with_linkguard", self.with_linkguard),
-            ("without_linkguard", self.without_linkguard),
-        ):
-            rows += [(name, "", k, v) for k, v in _cost_dict(cost).items()]
+        for t, tc in self.transports.items():
+            for name, cost in (
+                ("with_linkguard", tc.with_linkguard),
+                ("with_linkguard_at_once", tc.with_linkguard_at_once),
+                ("without_linkguard", tc.without_linkguard),
+            ):
+                if cost is not None:
+                    rows += [(name, t, k, v) for k, v in cost.to_dict().items()]
+            saved = {
+                "interruptions_avoided": tc.interruptions_avoided,
+                "gpu_hours_saved": tc.gpu_hours_saved,
+                "dollars_saved": round(tc.gpu_hours_saved * self.price_per_gpu_hour, 2),
+                "costlier_with_linkguard": len(tc.costlier),
+            }
+            if tc.with_linkguard_at_once is not None:
+                saved["costlier_with_linkguard_at_once"] = len(tc.costlier_at_once)
+            rows += [("transport", t, k, v) for k, v in saved.items()]
         for x in self.worst_links:
             item = f"{x['host']}:{x['hca']}/{x['port']}"
             rows += [("link", item, k, x[k]) for k in ("rail", "leaf", "flaps", "down_s")]
@@ -362,118 +406,6 @@ def _show(v: object) -> str:
     return "-" if v is None else str(v)
 
 
-@dataclass(frozen=True)
-class _Run:
-    """A ``runs`` row, checked (:func:`_read_runs`); ``end``: its window end, or ``now`` for a
-    service run still recording (``live``)."""
-
-    id: int
-    source: str
-    fabric: str
-    hosts: int
-    gpus: int
-    rails: int
-    start: float
-    end: float
-    duration_s: float | None
-    closed: bool
-    live: bool
-    model: FailureModel
-    stats: dict[str, Any]
-
-
-#: A service run not closed whose window end is older than this (s) stopped without closing
-#: (killed): its end is its last write, not now. A running service writes every 30 s.
-LIVE_WITHIN_S = 3 * HEARTBEAT_S
-
-#: The most rails a run may name (a sanity bound: the per-rail table has one row each).
-MAX_RAILS = 1024
-
-
-def _read_runs(conn: sqlite3.Connection, path: str, now: float) -> list[_Run]:
-    """The ``runs`` rows as :class:`_Run`; raises :class:`LedgerError` naming the row and
-    field of a value no run can have (a corrupted or hand-edited ledger)."""
-    return [
-        _read_run(_Row(r, path), now)
-        for r in conn.execute("SELECT * FROM runs ORDER BY window_start, id")
-    ]
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One ``runs`` row and checked reads of its fields."""
-
-    row: sqlite3.Row
-    path: str
-
-    def bad(self, name: str, expected: str, *given: object) -> LedgerError:
-        """The error for field ``name`` (its value: ``given`` if any, else the column's)."""
-        value = given[0] if given else self.row[name]
-        return LedgerError(
-            f"ledger {self.path}: runs row id={self.row['id']!r}: {name} is {value!r}, "
-            f"expected {expected}"
-        )
-
-    def integer(self, name: str, lo: int, hi: int | None = None) -> int:
-        v = self.row[name]
-        if not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            raise self.bad(name, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
-        return v
-
-    def seconds(self, name: str) -> float:
-        v = self.row[name]
-        if not (isinstance(v, int | float) and math.isfinite(v) and 0 <= v <= MAX_TIME):
-            raise self.bad(name, f"Unix seconds between 0 and {MAX_TIME:.0f}")
-        return float(v)
-
-    def json_object(self, name: str) -> dict[str, Any]:
-        try:
-            v = json.loads(self.row[name])
-        except (TypeError, ValueError):
-            v = None
-        if not isinstance(v, dict):
-            raise self.bad(name, "a JSON object")
-        return v
-
-
-def _read_run(r: _Row, now: float) -> _Run:
-    row = r.row
-    if row["source"] not in ("service", "simulation"):
-        raise r.bad("source", "'service' or 'simulation'")
-    if not isinstance(row["fabric"], str):
-        raise r.bad("fabric", "a name")
-    start, end = r.seconds("window_start"), r.seconds("window_end")
-    if end < start:
-        raise r.bad("window_end", f"not before window_start {start!r}")
-    duration = row["duration_s"]
-    if duration is not None and not (
-        isinstance(duration, int | float) and math.isfinite(duration) and duration > 0
-    ):
-        raise r.bad("duration_s", "NULL or a number of seconds > 0")
-    closed = r.integer("closed", 0, 1) == 1
-    stats = r.json_object("stats")
-    for key in ("reroutes", "solves", "initial_epoch"):
-        if key in stats and (not isinstance(stats[key], int) or stats[key] < 0):
-            raise r.bad(f"stats.{key}", "an integer >= 0", stats[key])
-    r.json_object("model")
-    live = row["source"] == "service" and not closed and now - end <= LIVE_WITHIN_S
-    return _Run(
-        id=r.integer("id", 0),
-        source=row["source"],
-        fabric=row["fabric"],
-        hosts=r.integer("hosts", 0),
-        gpus=r.integer("gpus", 1),
-        rails=r.integer("rails", 0, MAX_RAILS),
-        start=start,
-        end=max(end, now) if live else end,
-        duration_s=None if duration is None else float(duration),
-        closed=closed,
-        live=live,
-        model=model_from_json(row["model"]),
-        stats=stats,
-    )
-
-
 def build_report(
     conn: sqlite3.Connection,
     *,
@@ -482,11 +414,23 @@ def build_report(
     since: float | None = None,
     until: float | None = None,
     now: float | None = None,
+    transports: Iterable[str] = TRANSPORTS,
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> LedgerReport:
     """The report of the ledger open on ``conn`` (rows as :class:`sqlite3.Row`) over
     ``[since, until)`` clamped to the coverage of the runs that overlap it (from the first
     one's start to the last one's end; a service run still recording ends at ``now``, default
-    the clock); see :meth:`linkguard.ledger.Ledger.report` for the errors."""
+    the clock), priced on ``transports`` with the newest run's job model, ``model_overrides``
+    (:class:`~linkguard.failuremodel.FailureModel` fields, e.g. ``ip_stall_s``) replacing its
+    values; see :meth:`linkguard.ledger.Ledger.report` for the errors (ValueError too for an
+    unknown transport or an override the model refuses)."""
+    transports = tuple(transports)
+    unknown = sorted(set(transports) - set(TRANSPORTS))
+    if unknown or not transports:
+        raise ValueError(
+            f"unknown transport {unknown[0] if unknown else '(none)'!r}; "
+            f"one of {', '.join(TRANSPORTS)}"
+        )
     if not (isinstance(price_per_gpu_hour, int | float) and math.isfinite(price_per_gpu_hour)):
         raise ValueError(f"price_per_gpu_hour must be a finite number, got {price_per_gpu_hour!r}")
     if price_per_gpu_hour < 0:
@@ -502,7 +446,7 @@ def build_report(
     if since is not None and until is not None and since >= until:
         raise ValueError(f"since ({iso(since)}) must be before until ({iso(until)})")
     now = time.time() if now is None else now
-    runs = _read_runs(conn, path, now)
+    runs = read_runs(conn, path, now)
     if not runs:
         raise NoRunError(f"ledger {path} has no runs: nothing was recorded in it yet")
     lo = -math.inf if since is None else since
@@ -522,12 +466,18 @@ def build_report(
     end = covered[1] if until is None else min(until, covered[1])
     latest = max(window, key=lambda r: (r.end, r.id))
     try:
+        model = replace(latest.model, **dict(model_overrides or {}))
+    except TypeError as exc:
+        raise ValueError(f"model_overrides: {exc}") from None
+    try:
         return _build(
             conn,
             path=path,
             price_per_gpu_hour=price_per_gpu_hour,
             window=window,
             latest=latest,
+            model=model,
+            transports=transports,
             start=start,
             end=end,
             # rows at the window's very end belong to it unless an explicit until cuts it
@@ -545,15 +495,16 @@ def _build(
     *,
     path: str,
     price_per_gpu_hour: float,
-    window: list[_Run],
-    latest: _Run,
+    window: list[Run],
+    latest: Run,
+    model: FailureModel,
+    transports: tuple[str, ...],
     start: float,
     end: float,
     before_end: str,
     requested: tuple[float | None, float | None],
 ) -> LedgerReport:
     """The report over the checked window (:func:`build_report`)."""
-    model = latest.model
     one = window[0]
     whole = (
         len(window) == 1
@@ -606,11 +557,31 @@ def _build(
             }
         )
     gpus = latest.gpus
+    ports_of = outage_links(conn, rows, start, end, before_end)
+    found = [replace(o, links=ports_of.get(o.entry, ())) for o in found]
     if duration > 0:
-        kw = {"gpus": gpus, "duration_s": duration}
-        with_lg, without_lg = cost_with(found, model, **kw), cost_without(found, model, **kw)
+        pairs = generated_fused_rails(max(latest.rails, 1))
+        priced = price_transports(
+            found,
+            model,
+            gpus=gpus,
+            duration_s=duration,
+            transports=transports,
+            fused=lambda _host, rail: pairs.get(rail, (rail,)),
+        )
     else:
-        with_lg, without_lg = _zero_cost(), _zero_cost()
+        priced = {  # an empty window costs nothing
+            t: TransportCost(
+                t,
+                _zero_cost(),
+                _zero_cost(),
+                None if t == "ip" else _zero_cost(),
+                (),
+                assumptions(t, model),
+            )
+            for t in TRANSPORTS
+            if t in transports
+        }
 
     in_window = f"at >= ? AND {before_end}"
     query = f"SELECT count(*) FROM plans WHERE {in_window}"
@@ -629,16 +600,13 @@ def _build(
             reroutes += r.stats.get("reroutes", 0)
             solves += r.stats.get("solves", 0)
     done = [o.reroute_ms for o in found if o.reroute_ms is not None]
-    # an outage still open has no length yet: never needless
-    needless = sum(
-        1 for o in found if o.reroute_ms is not None and not o.open and o.down_s < model.ride_out_s
-    )
+    needless_count = sum(1 for o in found if needless(o, model))  # never one still open
     suppressions = conn.execute(
         f"SELECT count(*) FROM suppressions WHERE suppressed = 1 AND at >= ? AND {before_end}",
         (start, end),
     ).fetchone()[0]
 
-    links, rails, leaves, port_downs = _port_tables(conn, start, end, before_end)
+    links, rails, leaves, port_downs = port_tables(conn, start, end, before_end)
     ids = [o["id"] for o in listed]
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
@@ -648,12 +616,12 @@ def _build(
             f" WHERE outage_id IN ({marks})",
             chunk,
         ):
-            rails.setdefault(p["rail"], _blank())["outage_ids"].add(p["outage_id"])
+            rails.setdefault(p["rail"], blank())["outage_ids"].add(p["outage_id"])
             if p["leaf"] is not None:
-                leaf = leaves.setdefault(p["leaf"], _blank(rail=p["rail"], su=p["su"]))
+                leaf = leaves.setdefault(p["leaf"], blank(rail=p["rail"], su=p["su"]))
                 leaf["outage_ids"].add(p["outage_id"])
     for rail in range(latest.rails):
-        rails.setdefault(rail, _blank())
+        rails.setdefault(rail, blank())
     worst = sorted(
         (x for x in links.values() if x["flaps"] > 0),
         key=lambda x: (-x["flaps"], -x["down_s"], x["host"], x["hca"], x["port"]),
@@ -694,13 +662,12 @@ def _build(
         gpus=gpus,
         model=model,
         outages=listed,
-        with_linkguard=with_lg,
-        without_linkguard=without_lg,
+        transports=priced,
         price_per_gpu_hour=float(price_per_gpu_hour),
         reroutes=reroutes,
         solves=solves,
         time_to_reroute_ms=quantiles(done),
-        needless_reroutes=needless,
+        needless_reroutes=needless_count,
         unconfirmed_reroutes=unconfirmed,
         port_downs=port_downs,
         suppressions=int(suppressions),
@@ -711,72 +678,3 @@ def _build(
         requested_until=requested[1],
         live=any(r.live and r.end == end for r in window),
     )
-
-
-def _blank(**extra: object) -> dict[str, Any]:
-    return {"outage_ids": set(), "flaps": 0, "down_s": 0.0, **extra}
-
-
-def _port_tables(
-    conn: sqlite3.Connection, start: float, end: float, before_end: str
-) -> tuple[
-    dict[tuple[str, str, int], dict[str, Any]],
-    dict[Any, dict[str, Any]],
-    dict[str, dict[str, Any]],
-    int,
-]:
-    """Per port, rail and leaf: flaps (down transitions in the window) and down time
-    (port-seconds down, clipped to the window; a port still down at the end counts to it)."""
-    links: dict[tuple[str, str, int], dict[str, Any]] = {}
-    down_since: dict[tuple[str, str, int], tuple[float, sqlite3.Row]] = {}
-    rails: dict[Any, dict[str, Any]] = {}
-    leaves: dict[str, dict[str, Any]] = {}
-    downs = 0
-
-    def entry(r: sqlite3.Row) -> dict[str, Any]:
-        key = (r["host"], r["hca"], int(r["port"]))
-        x = links.get(key)
-        if x is None:
-            x = links[key] = {
-                "host": r["host"],
-                "hca": r["hca"],
-                "port": int(r["port"]),
-                "rail": r["rail"],
-                "leaf": r["leaf"],
-                "su": r["su"],
-                "flaps": 0,
-                "down_s": 0.0,
-            }
-        return x
-
-    def add_down(x: dict[str, Any], a: float, b: float) -> None:
-        length = min(b, end) - max(a, start)
-        if length > 0:
-            x["down_s"] += length
-
-    for r in conn.execute(
-        f"SELECT at, host, hca, port, rail, leaf, su, previous, current FROM port_events"
-        f" WHERE {before_end} ORDER BY at, id",
-        (end,),
-    ):
-        key = (r["host"], r["hca"], int(r["port"]))
-        if r["current"] == "down":
-            if key not in down_since:
-                down_since[key] = (r["at"], r)
-                if r["at"] >= start and r["previous"] != "down":
-                    entry(r)["flaps"] += 1
-                    downs += 1
-        elif key in down_since:
-            add_down(entry(r), down_since.pop(key)[0], r["at"])
-    for t0, r in down_since.values():  # still down at the end
-        add_down(entry(r), t0, end)
-    for x in links.values():
-        rail = rails.setdefault(x["rail"], _blank())
-        rail["flaps"] += x["flaps"]
-        rail["down_s"] += x["down_s"]
-        if x["leaf"] is not None:
-            leaf = leaves.setdefault(x["leaf"], _blank(rail=x["rail"], su=x["su"]))
-            leaf["flaps"] += x["flaps"]
-            leaf["down_s"] += x["down_s"]
-    links = {k: v for k, v in links.items() if v["flaps"] or v["down_s"]}
-    return links, rails, leaves, downs

@@ -35,13 +35,13 @@ Not modelled here: the agents' fast path, ack latency and solve time (``linkguar
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
 from linkguard.config import ServiceSettings
+from linkguard.costreport import percentile  # re-exported: the runners' reports use it
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
     CableRef,
@@ -79,6 +79,7 @@ MAX_MISMATCHES = 20
 WALL0 = 1_700_000_000.0
 
 _HELD = (PortStatus.HELD_DOWN, PortStatus.SUPPRESSED)
+_OUT = (PortStatus.DOWN, PortStatus.DEGRADED, *_HELD)  # after time 0: a port out of use
 _ACTIVE_READING = (PortStateName.ACTIVE, PhysState.LINK_UP)
 
 #: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
@@ -106,16 +107,6 @@ class PlanCounts:
     @property
     def plans_max_per_host(self) -> int:
         return max(self.plans_per_host.values(), default=0)
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) of ``values``, nearest rank (the smallest value with at
-    least ``q`` % of the values at or below it); None when empty."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))
-    return xs[k]
 
 
 @dataclass(frozen=True)
@@ -177,8 +168,10 @@ class RunReport(PlanCounts):
     """What a replay did and whether the scenario's expectations held. Times in simulated s
     (``at_s``) or ms (``*_ms``). ``solves``, ``reroutes`` and ``plans_per_host`` leave out the
     full build at time 0. ``readmissions``: ports back in use after their hold-down or
-    suppression, ``{host, rail, at_s}``. ``skipped``: events not modelled, one note each.
-    ``passed``: no oracle mismatch and every expectation held. :meth:`to_dict` is JSON-able."""
+    suppression, ``{host, rail, at_s}``; ``returns``: every port usable again after being down,
+    held down, suppressed or degraded (readmissions included), same keys. ``skipped``: events
+    not modelled, one note each. ``passed``: no oracle mismatch and every expectation held.
+    :meth:`to_dict` is JSON-able."""
 
     scenario: str
     path: str
@@ -197,6 +190,7 @@ class RunReport(PlanCounts):
     mismatches: list[str] = field(default_factory=list)
     faults: list[FaultTiming] = field(default_factory=list)
     readmissions: list[dict[str, object]] = field(default_factory=list)
+    returns: list[dict[str, object]] = field(default_factory=list)
     max_plans_per_host_per_event: int = 0
     expectations: list[ExpectResult] = field(default_factory=list)
     passed: bool = False
@@ -338,8 +332,10 @@ class _Run:
         started the hold-down now ending)."""
         self.deadlines[host] = out.next_deadline
         for ev in out.events:
-            if ev.current == PortStatus.UP and ev.previous in _HELD:
-                self.report.readmissions.append({"host": host, "rail": ev.rail, "at_s": t})
+            if ev.current == PortStatus.UP and ev.previous in _OUT:
+                self.report.returns.append({"host": host, "rail": ev.rail, "at_s": t})
+                if ev.previous in _HELD:
+                    self.report.readmissions.append({"host": host, "rail": ev.rail, "at_s": t})
         for st in out.states:
             if not self._reachable():
                 self.undelivered[(host, st.key)] = st

@@ -1,53 +1,53 @@
-"""The fleet report: what a generated fault timeline costs a training job, with and without
-linkguard.
+"""The fleet report: what a generated fault timeline costs a training job, per transport, with
+and without linkguard.
 
 Consumes: a :class:`~linkguard.simulations.failures.FleetTimeline` and the engine's
 :class:`~linkguard.simulations.engine.RunReport` of it. Produces: a :class:`FleetReport`
-(:func:`fleet_report`) with a JSON form, a short text table and a PNG plot (:func:`plot`).
-:func:`simulate` does it all: generate, replay, report.
+(:func:`fleet_report`) with a JSON form, a text table per transport and a PNG plot
+(:func:`plot`). :func:`simulate` does it all: generate, replay, report.
 
-The job model (one synchronous job on every GPU of the fabric; times in s):
+An *outage* is one down transition of one timeline entry (a link going down, one down of a
+flap, a leaf reboot taking its ports down); its length is the longest down episode of the ports
+it took down (clipped at the end of the run), and it keeps each port's own episode and when
+linkguard used the port again (the engine's re-admissions: hold-down and suppression). The
+pricing per transport (``ip``, ``nccl-ib``, ``nccl-ib-failover``) is
+:mod:`linkguard.jobcost`'s, shared with ``linkguard report``; fused pairs come from each host's
+layout as ``linkguard nccl env --profile failover`` forms them.
 
-- An *outage* is one down transition of one timeline entry (a link going down, one down of a
-  flap, a leaf reboot taking its ports down). Its length is the longest down episode of the
-  ports it took down (clipped at the end of the run).
-- **Without linkguard**, an outage longer than NCCL's budget
-  (:attr:`~linkguard.simulations.failures.FailureModel.nccl_budget_s`) interrupts the job: every
-  GPU idles for detection + restart + half a checkpoint interval
-  (:attr:`~linkguard.simulations.failures.FailureModel.restart_cost_s`); the restart is assumed
-  to replace the broken host (spares), so how long the link then stays down does not matter. A
-  shorter outage stalls the job for its length (at least ``blip_stall_floor_s``).
-- **With linkguard**, an outage costs the job its time to reroute (the engine's: the service's
-  solve schedule, at least ``reroute_floor_s``, the data-plane gap measured in the namespace
-  lab) when every affected host keeps a usable rail, and nothing when no reroute was
-  needed (the port was already held down). This assumes the job follows the rail map (issue 7:
-  NCCL uses the GPU -> HCA assignment linkguard publishes); otherwise NCCL's own timeout applies
-  and the job fares as without. An outage that leaves a host with no usable rail costs as
-  without. The reduced bandwidth while a rail is out is not charged (see ``worst_nic_load``).
-- An outage that starts while the job is restarting is absorbed (no second interruption); idle
-  time is the union of the idle intervals, clipped at the end of the run.
+Clocks: every time here is on the simulated clock. The engine's time to reroute is the
+service's solve back-off (solving, publishing and applying take no simulated time), so each
+reroute is charged at least ``reroute_floor_s``, the lab's data-plane gap; only ``wall_s`` is
+wall-clock time (how long the simulation took).
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from linkguard.simulations.engine import WALL0, RunReport, percentile, run
-from linkguard.simulations.failures import (
-    FailureModel,
-    FleetTimeline,
-    expected_counts,
-    fleet_scenario,
+from linkguard.costreport import cost_rows, model_dict, quantiles, reroute_lines, transport_lines
+from linkguard.failuremodel import FailureModel
+from linkguard.jobcost import (
+    COMMON_ASSUMES,
+    TRANSPORTS,
+    Cost,
+    Link,
+    Outage,
+    TransportCost,
+    fused_rails,
+    needless,
+    price_transports,
 )
+from linkguard.simulations.engine import WALL0, RunReport, run
+from linkguard.simulations.failures import FleetTimeline, expected_counts, fleet_scenario
 from linkguard.simulations.scenario import Event, Expect, GenerateSpec, LoadedScenario, expand
-from linkguard.topology.fabric import home_rails
+from linkguard.topology.fabric import Fabric, home_rails
 from linkguard.topology.solver import Solver, nic_load
 
 __all__ = [
@@ -56,9 +56,8 @@ __all__ = [
     "FleetReport",
     "Outage",
     "cost_rows",
-    "cost_with",
-    "cost_without",
     "fleet_report",
+    "fused_of",
     "outages",
     "plot",
     "quantiles",
@@ -66,50 +65,11 @@ __all__ = [
     "stderr_progress",
 ]
 
-#: The ``schema`` of :meth:`FleetReport.to_dict`.
-REPORT_SCHEMA = "linkguard.fleet-report/v1"
-
-ASSUMES = (
-    "one synchronous job on every GPU; with linkguard a link event costs the job its reroute "
-    "time if every host keeps a usable rail, which assumes the job follows the rail map "
-    "(issue 7) - otherwise NCCL's own timeout applies, as without; without linkguard a down "
-    "past NCCL's budget restarts the job (detection + restart + half a checkpoint interval), "
-    "a shorter one stalls it for its length; reduced bandwidth while a rail is out is not "
-    "charged"
-)
-
-
-@dataclass(frozen=True)
-class Outage:
-    """One down transition: timeline ``entry`` and its ``kind``, ``at_s``, ``down_s`` (longest
-    down episode of the ports it took down, clipped at the run's end; ``open``: still down at
-    the end), ``ports`` taken down, ``isolated``: some host had no rail left up, and the
-    engine's ``reroute_ms`` (None: no reroute needed)."""
-
-    entry: int
-    kind: str
-    at_s: float
-    down_s: float
-    ports: int
-    open: bool = False
-    isolated: bool = False
-    reroute_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What outages cost the job. ``interruptions``: job restarts; ``stalls``: outages that
-    paused it without a restart; ``idle_s``: union of the idle intervals (s, all GPUs idle);
-    ``idle_gpu_hours`` = idle_s * GPUs / 3600; ``goodput`` = 1 - idle_s / duration;
-    ``interruptions_per_1000_gpu_days``."""
-
-    interruptions: int
-    stalls: int
-    idle_s: float
-    idle_gpu_hours: float
-    goodput: float
-    interruptions_per_1000_gpu_days: float
-    intervals: list[tuple[float, float]] = field(default_factory=list, repr=False)
+#: The ``schema`` of :meth:`FleetReport.to_dict`. v2 (v1: one "follows the rail map" price):
+#: ``transports`` has each transport's costs and assumptions; ``transport`` names the one the
+#: top-level ``with_linkguard`` / ``without_linkguard`` repeat (the one asked for; ``ip`` when
+#: all are); ``needless_reroutes`` counts reroutes that landed after their link was back.
+REPORT_SCHEMA = "linkguard.fleet-report/v2"
 
 
 def outages(loaded: LoadedScenario, events: list[Event] | None = None) -> list[Outage]:
@@ -121,7 +81,7 @@ def outages(loaded: LoadedScenario, events: list[Event] | None = None) -> list[O
     rails_of = {h.host: len(h.hcas) for h in fabric.hosts}
     down_rails: dict[str, set[int]] = {}
     since: dict[tuple[str, int], tuple[float, tuple[int, float]]] = {}
-    episodes: dict[tuple[int, float], list[float]] = {}
+    episodes: dict[tuple[int, float], list[tuple[str, int, float]]] = {}
     isolated: set[tuple[int, float]] = set()
     opened: set[tuple[int, float]] = set()
     i = 0
@@ -144,122 +104,53 @@ def outages(loaded: LoadedScenario, events: list[Event] | None = None) -> list[O
             elif port in since:
                 t0, cause = since.pop(port)
                 down_rails[e.host].discard(e.rail)
-                episodes[cause].append(e.at_s - t0)
+                episodes[cause].append((e.host, e.rail, e.at_s - t0))
         if any(len(down_rails[h]) >= rails_of[h] for h in touched):
             isolated.add(key)
-    for t0, cause in since.values():
-        episodes[cause].append(end - t0)
+    for (host, rail), (t0, cause) in since.items():
+        episodes[cause].append((host, rail, end - t0))
         opened.add(cause)
     return [
         Outage(
             entry=k[0],
             kind=sc.timeline[k[0]].kind,
             at_s=k[1],
-            down_s=round(max(d), 6),
+            down_s=round(max(x[2] for x in d), 6),
             ports=len(d),
             open=k in opened,
             isolated=k in isolated,
+            links=tuple(Link(h, r, round(x, 6)) for h, r, x in sorted(d)),
         )
         for k, d in sorted(episodes.items(), key=lambda x: (x[0][1], x[0][0]))
     ]
 
 
-def _cost(spans: list[tuple[float, float, bool]], gpus: int, duration_s: float) -> Cost:
-    """``spans``: (start, length, is_restart) in time order."""
-    intervals: list[tuple[float, float]] = []
-    restarts: list[tuple[float, float]] = []
-    interruptions = stalls = 0
-    for start, length, restart in spans:
-        if any(a <= start < b for a, b in restarts):
-            continue  # the job is restarting anyway
-        if length <= 0:
-            continue
-        iv = (start, min(start + length, duration_s))
-        intervals.append(iv)
-        if restart:
-            interruptions += 1
-            restarts.append(iv)
-        else:
-            stalls += 1
-    idle = 0.0
-    reach = -math.inf
-    for a, b in sorted(intervals):
-        if b > reach:
-            idle += b - max(a, reach)
-            reach = b
-    idle = round(idle, 6)
-    return Cost(
-        interruptions=interruptions,
-        stalls=stalls,
-        idle_s=idle,
-        idle_gpu_hours=round(idle * gpus / 3600, 6),
-        goodput=1 - idle / duration_s,
-        interruptions_per_1000_gpu_days=interruptions / (gpus * duration_s / 86400) * 1000,
-        intervals=intervals,
-    )
+def _with_returns(o: Outage, returns: dict[tuple[str, int], list[float]], end: float) -> Outage:
+    """``o`` with each port's ``out_s``: until its first return to use (the engine's
+    ``returns``) at or after it was up again; a port never back in use by ``end`` is out until
+    then."""
+    links = []
+    for x in o.links:
+        up = o.at_s + x.down_s
+        times = returns.get((x.host, x.rail), [])
+        k = bisect.bisect_left(times, up - 1e-9)
+        back = times[k] if k < len(times) else end
+        links.append(replace(x, out_s=round(max(back - o.at_s, x.down_s), 6)))
+    return replace(o, links=tuple(links))
 
 
-def _no_linkguard(o: Outage, model: FailureModel) -> tuple[float, float, bool]:
-    if o.down_s > model.nccl_budget_s:
-        return (o.at_s, model.restart_cost_s, True)
-    return (o.at_s, max(o.down_s, model.blip_stall_floor_s), False)
-
-
-def cost_without(found: list[Outage], model: FailureModel, *, gpus: int, duration_s: float) -> Cost:
-    """The job's cost of ``found`` without linkguard (module docstring)."""
-    return _cost([_no_linkguard(o, model) for o in found], gpus, duration_s)
-
-
-def cost_with(found: list[Outage], model: FailureModel, *, gpus: int, duration_s: float) -> Cost:
-    """The job's cost of ``found`` with linkguard (module docstring): the reroute time of each
-    rerouted outage, the without-linkguard cost of an outage that isolated a host."""
-    spans = []
-    for o in found:
-        if o.isolated:
-            spans.append(_no_linkguard(o, model))
-        elif o.reroute_ms is not None:
-            spans.append((o.at_s, max(o.reroute_ms / 1000, model.reroute_floor_s), False))
-    return _cost(spans, gpus, duration_s)
-
-
-def _percent(x: float) -> str:
-    """A fraction as a percentage with 4 decimals, or as many as it takes to show that it is
-    not 100 % (0.99999969 -> "99.99997 %"; only exactly 1 prints "100.0000 %")."""
-    for places in range(4, 10):
-        text = f"{100 * x:.{places}f}"
-        if x == 1 or not text.startswith("100."):
-            return f"{text} %"
-    return f"{100 * x:.9f} %"
-
-
-def cost_rows(w: Cost, wo: Cost) -> list[tuple[str, str, str]]:
-    """The cost table's rows, (label, with linkguard, without), as the fleet report and
-    ``linkguard report`` print them."""
-    return [
-        ("interruptions (job restarts)", f"{w.interruptions}", f"{wo.interruptions}"),
-        (
-            "  per 1,000 GPU-days",
-            f"{w.interruptions_per_1000_gpu_days:.4f}",
-            f"{wo.interruptions_per_1000_gpu_days:.4f}",
-        ),
-        ("stalls", f"{w.stalls}", f"{wo.stalls}"),
-        ("job idle (s)", f"{w.idle_s:,.1f}", f"{wo.idle_s:,.1f}"),
-        ("idled GPU-hours", f"{w.idle_gpu_hours:,.1f}", f"{wo.idle_gpu_hours:,.1f}"),
-        ("goodput", _percent(w.goodput), _percent(wo.goodput)),
-    ]
-
-
-def quantiles(values: list[float]) -> dict[str, float | int | None]:
-    """count, p50, p90, p99 and max of ``values`` (None each when empty)."""
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None}
-    return {
-        "count": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "max": max(values),
-    }
+def fused_of(fabric: Fabric) -> Callable[[str, int], tuple[int, ...]]:
+    """(host, rail) -> the rails of its fused NIC, as ``nccl env --profile failover`` fuses
+    each host's ports (:func:`linkguard.jobcost.fused_rails`; hosts with the same layout share
+    one computation)."""
+    by_layout: dict[tuple, dict[int, tuple[int, ...]]] = {}
+    of_host: dict[str, dict[int, tuple[int, ...]]] = {}
+    for h in fabric.hosts:
+        sig = tuple((c.rail, c.link_layer, c.numa_node, c.pcie_switch) for c in h.hcas)
+        if sig not in by_layout:
+            by_layout[sig] = fused_rails(h)
+        of_host[h.host] = by_layout[sig]
+    return lambda host, rail: of_host.get(host, {}).get(rail, (rail,))
 
 
 def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, object] | None:
@@ -314,7 +205,10 @@ def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, obj
 @dataclass
 class FleetReport:
     """One fleet run (module docstring). :meth:`to_dict` is the JSON form (schema
-    :data:`REPORT_SCHEMA`), :meth:`text` the short table."""
+    :data:`REPORT_SCHEMA`), :meth:`text` a table per transport. ``transports``: transport ->
+    its costs (:class:`~linkguard.jobcost.TransportCost`), in the order printed; ``transport``:
+    the one :attr:`with_linkguard` / :attr:`without_linkguard` repeat. ``returns``: the
+    engine's ports back in use (``{host, rail, at_s}``; the ledger records them)."""
 
     hosts: int
     rails: int
@@ -328,8 +222,7 @@ class FleetReport:
     entries: int
     events: int
     outages: list[Outage]
-    with_linkguard: Cost
-    without_linkguard: Cost
+    transports: dict[str, TransportCost]
     reroutes: int
     solves: int
     time_to_reroute_ms: dict[str, float | int | None]
@@ -337,26 +230,31 @@ class FleetReport:
     worst_nic_load: dict[str, object] | None
     oracle: dict[str, object]
     wall_s: float | None = None
+    returns: list[dict[str, object]] = field(default_factory=list, repr=False)
+
+    @property
+    def transport(self) -> str:
+        """The transport the top-level costs repeat: the only one priced, else ``ip``."""
+        return next(iter(self.transports)) if len(self.transports) == 1 else "ip"
+
+    @property
+    def with_linkguard(self) -> Cost:
+        return self.transports[self.transport].with_linkguard
+
+    @property
+    def without_linkguard(self) -> Cost:
+        return self.transports[self.transport].without_linkguard
 
     def to_dict(self) -> dict[str, object]:
         m = self.model
-
-        def cost(c: Cost) -> dict[str, object]:
-            d = asdict(c)
-            d.pop("intervals")
-            return d
-
         return {
             "schema": REPORT_SCHEMA,
             "fabric": {"hosts": self.hosts, "rails": self.rails, "gpus": self.gpus},
             "duration_s": self.duration_s,
             "days": self.duration_s / 86400,
             "seed": self.seed,
-            "model": {
-                **asdict(m),
-                "nccl_budget_s": m.nccl_budget_s,
-                "restart_cost_s": m.restart_cost_s,
-                "ride_out_s": m.ride_out_s,
+            "model": model_dict(m)
+            | {
                 "leaf_reboots_per_gpu_day": m.leaf_reboot_rate * 86400,
                 "nic_losses_per_gpu_day": m.nic_loss_rate * 86400,
                 "link_faults_per_link_day": m.link_fault_rate * 86400,
@@ -369,9 +267,11 @@ class FleetReport:
                 "events": self.events,
                 "outages": len(self.outages),
             },
-            "with_linkguard": cost(self.with_linkguard),
-            "without_linkguard": cost(self.without_linkguard),
-            "assumes": ASSUMES,
+            "transport": self.transport,
+            "with_linkguard": self.with_linkguard.to_dict(),
+            "without_linkguard": self.without_linkguard.to_dict(),
+            "transports": {k: v.to_dict() for k, v in self.transports.items()},
+            "assumes": COMMON_ASSUMES,
             "reroutes": self.reroutes,
             "solves": self.solves,
             "time_to_reroute_ms": self.time_to_reroute_ms,
@@ -379,35 +279,29 @@ class FleetReport:
             "worst_nic_load": self.worst_nic_load,
             "oracle": self.oracle,
             "wall_s": self.wall_s,
-            "outages": [asdict(o) for o in self.outages],
+            "outages": [o.to_dict() for o in self.outages],
         }
 
     def text(self) -> str:
-        w, wo = self.with_linkguard, self.without_linkguard
         days = self.duration_s / 86400
         kinds = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in self.counts.items())
-        rows = cost_rows(w, wo)
         lines = [
             f"fleet: {self.hosts} hosts x {self.rails} rails ({self.gpus:,} GPUs), {days:g} days, "
             f"seed {self.seed}: {kinds} ({self.dropped} dropped as overlapping), "
-            f"{len(self.outages)} outages",
-            f"  {'':30} {'with linkguard':>16} {'without':>12}",
+            f"{len(self.outages)} outages"
         ]
-        lines += [f"  {a:30} {b:>16} {c:>12}" for a, b, c in rows]
-        t = self.time_to_reroute_ms
-        ttr = (
-            f"p50 {t['p50']:g} ms, p99 {t['p99']:g} ms, max {t['max']:g} ms"
-            if t["count"]
-            else "none"
-        )
-        lines.append(
-            f"  reroutes {self.reroutes} ({self.solves} solves); time to solve {ttr} (each "
-            f"stall charged at least {self.model.reroute_floor_s * 1000:g} ms, the data-plane "
-            "gap measured in the namespace lab)"
-        )
-        lines.append(
-            f"  needless reroutes: {self.needless_reroutes} (downs shorter than one RC "
-            f"retransmit timeout, {self.model.ride_out_s:.2f} s, that still moved traffic)"
+        for tc in self.transports.values():
+            lines += transport_lines(tc)
+        lines += reroute_lines(
+            rerouted=sum(1 for o in self.outages if o.reroute_ms is not None),
+            held=sum(1 for o in self.outages if o.reroute_ms is None and not o.isolated),
+            model=self.model,
+            ttr=self.time_to_reroute_ms,
+            needless_count=self.needless_reroutes,
+            changes=f"{self.reroutes} plan changes in {self.solves} solves (moving traffic off "
+            "a down or back after a hold-down)",
+            clock="simulated clock: the service's solve back-off; solving, publishing and "
+            "applying take no simulated time",
         )
         n = self.worst_nic_load
         lines.append(
@@ -423,30 +317,49 @@ class FleetReport:
             if o["run"]
             else "  oracle: not run (--oracle to check reachability after every solve)"
         )
-        lines.append(
-            f"  NCCL budget {self.model.nccl_budget_s:.1f} s, restart cost "
-            f"{self.model.restart_cost_s:,.0f} s"
-        )
         lines += textwrap.wrap(
-            f"assumes: {ASSUMES}", 96, initial_indent="  ", subsequent_indent="    "
+            f"all transports assume: {COMMON_ASSUMES} (restart_s {self.model.restart_s:g} s, "
+            f"checkpoint interval {self.model.checkpoint_interval_s:g} s)",
+            96,
+            initial_indent="  ",
+            subsequent_indent="    ",
         )
         if self.wall_s is not None:
-            lines.append(f"  wall time {self.wall_s:.1f} s")
+            lines.append(f"  wall time {self.wall_s:.1f} s (the simulation's own run time)")
         return "\n".join(lines) + "\n"
 
 
 def fleet_report(
-    timeline: FleetTimeline, report: RunReport, *, wall_s: float | None = None
+    timeline: FleetTimeline,
+    report: RunReport,
+    *,
+    wall_s: float | None = None,
+    transports: Iterable[str] = TRANSPORTS,
 ) -> FleetReport:
     """Combine the generated ``timeline`` and the engine's ``report`` of it (module
-    docstring)."""
+    docstring), pricing ``transports`` (ValueError for an unknown one)."""
     loaded, model = timeline.loaded, timeline.model
     sc, fabric = loaded.scenario, loaded.fabric
     events = expand(loaded)
     timing = {(f.entry, f.at_s): f.reroute_ms for f in report.faults}
-    found = [replace(o, reroute_ms=timing.get((o.entry, o.at_s))) for o in outages(loaded, events)]
+    returns: dict[tuple[str, int], list[float]] = {}
+    for r in report.returns:
+        returns.setdefault((str(r["host"]), int(r["rail"])), []).append(float(r["at_s"]))  # type: ignore[arg-type]
+    for times in returns.values():
+        times.sort()
+    found = [
+        _with_returns(replace(o, reroute_ms=timing.get((o.entry, o.at_s))), returns, sc.duration_s)
+        for o in outages(loaded, events)
+    ]
     gpus = sum(len(h.endpoints) for h in fabric.hosts)
-    kw = {"gpus": gpus, "duration_s": sc.duration_s}
+    priced = price_transports(
+        found,
+        model,
+        gpus=gpus,
+        duration_s=sc.duration_s,
+        transports=transports,
+        fused=fused_of(fabric),
+    )
     rerouted = [o.reroute_ms for o in found if o.reroute_ms is not None]
     return FleetReport(
         hosts=len(fabric.hosts),
@@ -461,14 +374,11 @@ def fleet_report(
         entries=len(sc.timeline),
         events=len(events),
         outages=found,
-        with_linkguard=cost_with(found, model, **kw),
-        without_linkguard=cost_without(found, model, **kw),
+        transports=priced,
         reroutes=report.reroutes,
         solves=report.solves,
         time_to_reroute_ms=quantiles(rerouted),
-        needless_reroutes=sum(
-            1 for o in found if o.reroute_ms is not None and o.down_s < model.ride_out_s
-        ),
+        needless_reroutes=sum(1 for o in found if needless(o, model)),
         worst_nic_load=worst_nic_load(loaded, found),
         oracle={
             "run": sc.expect.reachability,
@@ -477,13 +387,15 @@ def fleet_report(
             "first": report.mismatches[:5],
         },
         wall_s=wall_s,
+        returns=list(report.returns),
     )
 
 
 def plot(rep: FleetReport, path: Path | str) -> None:
     """Write a PNG to ``path``: cumulative idled GPU-hours over the run with and without
-    linkguard, and every outage's length against NCCL's budget and the ride-out threshold.
-    Raises OSError when the file cannot be written."""
+    linkguard, per transport priced, and every outage's length against NCCL's budget and one
+    RC retransmit timeout (the fail-fast policy's wait). Raises OSError when the file cannot be
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -491,10 +403,16 @@ def plot(rep: FleetReport, path: Path | str) -> None:
 
     days = rep.duration_s / 86400
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for cost, label, color in (
-        (rep.without_linkguard, "without linkguard", "tab:red"),
-        (rep.with_linkguard, "with linkguard", "tab:green"),
-    ):
+    colors = {"ip": "tab:green", "nccl-ib": "tab:red", "nccl-ib-failover": "tab:blue"}
+    curves = [
+        (c, f"{t} {side}", colors.get(t, "tab:gray"), style)
+        for t, tc in rep.transports.items()
+        for c, side, style in (
+            (tc.without_linkguard, "without", ":"),
+            (tc.with_linkguard, "with linkguard", "-"),
+        )
+    ]
+    for cost, label, color, style in curves:
         xs, ys, total = [0.0], [0.0], 0.0
         for a, b in sorted(cost.intervals):
             xs += [a / 86400, b / 86400]
@@ -502,11 +420,11 @@ def plot(rep: FleetReport, path: Path | str) -> None:
             total = ys[-1]
         xs.append(days)
         ys.append(total)
-        ax1.plot(xs, ys, label=f"{label}: {total:,.0f} GPU-h", color=color)
+        ax1.plot(xs, ys, label=f"{label}: {total:,.0f} GPU-h", color=color, ls=style)
     ax1.set_xlabel("day")
     ax1.set_ylabel("idled GPU-hours (cumulative)")
     ax1.set_title(f"{rep.hosts} hosts x {rep.rails} rails, {days:g} days, seed {rep.seed}")
-    ax1.legend(loc="upper left")
+    ax1.legend(loc="upper left", fontsize="small")
     ax1.grid(alpha=0.3)
     markers = {"link_down": "o", "flap": "x", "leaf_reboot": "s"}
     for kind, marker in markers.items():
@@ -520,7 +438,7 @@ def plot(rep: FleetReport, path: Path | str) -> None:
             )
     ax2.set_yscale("log")
     ax2.axhline(rep.model.nccl_budget_s, color="tab:red", ls="--", label="NCCL budget")
-    ax2.axhline(rep.model.ride_out_s, color="tab:gray", ls=":", label="one retransmit timeout")
+    ax2.axhline(rep.model.grace_s, color="tab:gray", ls=":", label="fail-fast wait")
     ax2.set_xlim(0, days)
     ax2.set_xlabel("day")
     ax2.set_ylabel("outage length (s)")
@@ -542,10 +460,12 @@ def simulate(
     model: FailureModel | None = None,
     oracle: bool = False,
     progress: Callable[[str], None] | None = None,
+    transports: Iterable[str] = TRANSPORTS,
 ) -> tuple[FleetTimeline, FleetReport]:
     """Generate a fault timeline (:func:`~linkguard.simulations.failures.fleet_scenario`),
     replay it through the engine (with the oracle after every solve when ``oracle``) and
-    report. ``progress`` gets a line per phase. Raises ValueError for bad parameters."""
+    report on ``transports``. ``progress`` gets a line per phase. Raises ValueError for bad
+    parameters."""
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     say(f"generating {spec.hosts} x {spec.rails} fabric and fault timeline")
@@ -564,7 +484,7 @@ def simulate(
 
     report = run(ft.loaded, progress=replayed if progress else None)
     say("costing outages, re-solving the worst moment")
-    rep = fleet_report(ft, report)
+    rep = fleet_report(ft, report, transports=transports)
     rep.wall_s = round(time.perf_counter() - t0, 3)
     return ft, rep
 

@@ -45,16 +45,26 @@ def report(ledger: Path, *args: str, out: Path) -> str:
 def test_report_of_a_simulation_ledger_matches_the_simulator(sim_run) -> None:
     ledger, sim, d = sim_run
     rep = json.loads(report(ledger, "--format", "json", out=d / "r.json"))
-    assert rep["schema"] == "linkguard.ledger-report/v1" and rep["sources"] == ["simulation"]
+    assert rep["schema"] == "linkguard.ledger-report/v2" and rep["sources"] == ["simulation"]
     assert sim["faults"]["outages"] == len(rep["outages"]) == 5
     assert rep["outage_counts"]["by_kind"] == dict(
         sorted(Counter(o["kind"] for o in sim["outages"]).items())
     )
     for key in ("with_linkguard", "without_linkguard"):
         assert rep[key] == sim[key]  # interruptions, per 1,000 GPU-days, idle, goodput
-    assert rep["without_linkguard"]["interruptions"] == 5
+    for t in ("ip", "nccl-ib", "nccl-ib-failover"):  # every transport, every side
+        for key in ("with_linkguard", "with_linkguard_at_once", "without_linkguard"):
+            assert rep["transports"][t][key] == sim["transports"][t][key], (t, key)
+    # 3 link downs (minutes to hours) and 2 leaf reboots (300 s): IP jobs stall through the
+    # reboots (324.6 s) but lose their connections on the long downs, NCCL IB jobs restart on
+    # all 5 with or without linkguard (it only fails them sooner)
+    assert rep["transport"] == "ip"
+    assert rep["without_linkguard"]["interruptions"] == 1
     assert rep["with_linkguard"]["interruptions"] == 0
-    assert rep["interruptions_avoided"] == 5
+    assert rep["interruptions_avoided"] == 1
+    ib = rep["transports"]["nccl-ib"]
+    assert ib["without_linkguard"]["interruptions"] == ib["with_linkguard"]["interruptions"] == 5
+    assert ib["interruptions_avoided"] == 0 and ib["gpu_hours_saved"] > 0
     for key in ("reroutes", "solves", "time_to_reroute_ms", "needless_reroutes"):
         assert rep[key] == sim[key], key
     assert rep["fabric"] == {"name": "rail-optimized-256x8", **sim["fabric"]}
@@ -107,7 +117,9 @@ def test_text_and_csv_outputs_parse(sim_run) -> None:
     lines = text.splitlines()
     assert lines[0].startswith(f"ledger {ledger} (simulation; 1 run(s)): rail-optimized-256x8")
     row = next(x for x in lines if x.strip().startswith("interruptions (job restarts)"))
-    assert row.split()[-2:] == ["0", "5"]
+    assert row.split()[-2:] == ["0", "1"]  # the ip table comes first
+    heads = [x for x in lines if x.startswith("transport ")]
+    assert [h.split()[1] for h in heads] == ["ip", "nccl-ib", "nccl-ib-failover"]
     assert any(
         "Meta, Llama 3 (419 in 54 days on 16,384 GPUs): 0.4736 interruptions" in x for x in lines
     )
@@ -117,17 +129,27 @@ def test_text_and_csv_outputs_parse(sim_run) -> None:
     rows = list(csv.DictReader(io.StringIO(report(ledger, "--format", "csv", out=d / "r.csv"))))
     assert set(rows[0]) == {"section", "item", "metric", "value"}
     value = {(r["section"], r["item"], r["metric"]): r["value"] for r in rows}
-    assert int(value[("without_linkguard", "", "interruptions")]) == 5
-    assert float(value[("without_linkguard", "", "idle_gpu_hours")]) == pytest.approx(
-        sim["without_linkguard"]["idle_gpu_hours"]
+    assert int(value[("without_linkguard", "nccl-ib", "interruptions")]) == 5
+    assert int(value[("without_linkguard", "ip", "interruptions")]) == 1
+    for t, tc in sim["transports"].items():
+        assert float(value[("without_linkguard", t, "idle_gpu_hours")]) == pytest.approx(
+            tc["without_linkguard"]["idle_gpu_hours"]
+        )
+    assert ("with_linkguard_at_once", "ip", "idle_s") not in value
+    assert float(value[("with_linkguard_at_once", "nccl-ib", "idle_s")]) == pytest.approx(
+        sim["transports"]["nccl-ib"]["with_linkguard_at_once"]["idle_s"]
     )
+    assert int(value[("transport", "ip", "interruptions_avoided")]) == 1
+    assert value[("summary", "", "transport")] == "ip"
     assert float(value[("summary", "", "gpu_days")]) == 256 * 8 * 30
     assert {r["section"] for r in rows} == {
         "summary",
         "time_to_reroute_ms",
         "outage_counts",
         "with_linkguard",
+        "with_linkguard_at_once",
         "without_linkguard",
+        "transport",
         "link",
         "rail",
         "leaf",
@@ -206,8 +228,9 @@ def test_bad_ledgers_and_arguments_exit_2(
 
 
 def test_live_ledger_report_charges_unconfirmed_reroutes_as_without(tmp_path: Path) -> None:
-    """A service ledger built from a feed: one rerouted link down past NCCL's budget (no
-    restart with linkguard), one whose new plan was never acked (a restart either way)."""
+    """A service ledger built from a feed: two 60 s link downs (past NCCL's budget), one
+    rerouted, one whose new plan was never acked: for the ip transport that one costs as
+    without linkguard; NCCL IB jobs restart on both either way."""
     fabric = generate_rail_optimized(hosts=4, rails=2)
     t0 = 1_750_000_000.0
 
@@ -240,14 +263,24 @@ def test_live_ledger_report_charges_unconfirmed_reroutes_as_without(tmp_path: Pa
         assert led.flush()
         rep = led.report(price_per_gpu_hour=1.0, until=t0 + 86400)  # one day of it
         assert rep.duration_s == 86400 and rep.gpus == 8
-        assert rep.without_linkguard.interruptions == 2
-        assert rep.with_linkguard.interruptions == 1  # the unconfirmed one
-        assert rep.interruptions_avoided == 1 and rep.unconfirmed_reroutes == 1
+        # ip without: TCP resumes at its first retransmission after 60 s, 102.2 s, twice; with:
+        # the acked reroute (30 ms, charged the lab's 50 ms gap) ends at TCP's first
+        # retransmission, 0.2 s, the unconfirmed one stalls 102.2 s as without
+        assert (rep.without_linkguard.stalls, rep.without_linkguard.idle_s) == (2, 204.4)
+        assert (rep.with_linkguard.stalls, rep.with_linkguard.idle_s) == (2, 102.4)
+        assert rep.interruptions_avoided == 0 and rep.unconfirmed_reroutes == 1
         assert rep.time_to_reroute_ms["max"] == pytest.approx(30.0)
-        model = FailureModel()
-        saved = (model.restart_cost_s - model.reroute_floor_s) * 8 / 3600
+        saved = (204.4 - 102.4) * 8 / 3600
         assert rep.gpu_hours_saved == pytest.approx(saved, abs=1e-5)
         assert rep.dollars_saved == round(rep.gpu_hours_saved, 2)
+        # NCCL IB: 60 s > the 30.06 s budget: a restart each (1,680.06 s); fail-fast restarts
+        # them 4.39 s after the down instead (1,654.39 s), unconfirmed or not
+        ib = rep.transports["nccl-ib"]
+        model = FailureModel()
+        assert ib.without_linkguard.interruptions == ib.with_linkguard.interruptions == 2
+        assert ib.without_linkguard.idle_s == pytest.approx(2 * model.restart_cost_s, abs=1e-5)
+        fast = model.retransmit_timeout_s + 0.1 + 750 + 900
+        assert ib.with_linkguard.idle_s == pytest.approx(2 * fast, abs=1e-5)
         assert [(x["host"], x["flaps"], x["down_s"]) for x in rep.worst_links] == [
             ("gpu001", 1, 60.0),
             ("gpu002", 1, 60.0),

@@ -143,20 +143,35 @@ def test_with_and_without_arithmetic(tmp_path: Path) -> None:
     ]
     assert rep.outages[-1].open and rep.outages[-2].ports == 4
     gpus = 16
+    # the top-level costs are the ip transport's (every transport: test_transports.py)
+    assert rep.transport == "ip" and list(rep.transports) == ["ip", "nccl-ib", "nccl-ib-failover"]
     wo = rep.without_linkguard
-    assert (wo.interruptions, wo.stalls) == (3, 3)
-    idle = RESTART + 3 * 1.0 + RESTART + 500.0
+    # TCP resumes at its first retransmission (0.2, 0.6, 1.4, ... 102.2, 204.6, 324.6, 444.6,
+    # 564.6 s) at or after the link's return: 60 s -> 102.2 (100..202.2), 10 s -> 12.6
+    # (200..212.6, overlapping: 112.6 together), three 1 s flap downs -> 1.4 each, the 300 s
+    # leaf reboot -> 324.6, the last 500 s (still down) -> 564.6, clipped at the end: 500
+    assert (wo.interruptions, wo.stalls) == (0, 7)
+    idle = 112.6 + 3 * 1.4 + 324.6 + 500.0
     assert wo.idle_s == pytest.approx(idle, abs=1e-6)
     assert wo.idle_gpu_hours == pytest.approx(idle * gpus / 3600, abs=1e-5)
     assert wo.goodput == pytest.approx(1 - idle / 10_000)
-    assert wo.interruptions_per_1000_gpu_days == pytest.approx(3 / (gpus * 10_000 / DAY) * 1000)
+    assert wo.interruptions_per_1000_gpu_days == 0
     w = rep.with_linkguard
+    # each reroute solved at once (RFC 8405 back-off after a quiet period): the path is back
+    # after the lab's 50 ms data-plane gap, and TCP's first retransmission (200 ms) ends the
+    # stall: ip_stall_s 0.2 s; the two flap downs on a held-down port cost nothing
     assert (w.interruptions, w.stalls) == (0, 5)
-    # each reroute solved at once (RFC 8405 back-off after a quiet period) and charged the
-    # data-plane gap measured in the lab (reroute_floor_s, 50 ms)
-    assert w.idle_s == pytest.approx(5 * 0.05, abs=1e-6)
-    assert w.goodput == pytest.approx(1 - 0.25 / 10_000)
-    assert rep.needless_reroutes == 1
+    assert w.idle_s == pytest.approx(5 * 0.2, abs=1e-6)
+    assert w.goodput == pytest.approx(1 - 1.0 / 10_000)
+    # NCCL's IB transport: 60 s > the 30.06 s budget fails the job at 130.06 (1,680.06 s idle,
+    # its processes back at 880.06: the 10 s blip at 200 comes while it restarts); the flap
+    # downs stall until the next RC retransmission, 4.29 s each (2000..2004 + 4.29 together), the
+    # leaf reboot and the last down fail it again (the last clipped at the end: 500 s)
+    ib = rep.transports["nccl-ib"].without_linkguard
+    assert (ib.interruptions, ib.stalls) == (3, 3)
+    assert ib.idle_s == pytest.approx(RESTART + (4 + 4.294967296) + RESTART + 500)
+    # none of these reroutes landed after its link was back
+    assert rep.needless_reroutes == 0
     assert rep.time_to_reroute_ms == {
         "count": 5, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0
     }  # fmt: skip
@@ -167,7 +182,7 @@ def test_with_and_without_arithmetic(tmp_path: Path) -> None:
     assert (n["max_load"], n["baseline_max"], n["ratio"]) == (4.0, 3.0, pytest.approx(4 / 3, 1e-3))
 
 
-def test_a_host_with_no_rail_left_restarts_even_with_linkguard(tmp_path: Path) -> None:
+def test_a_host_with_no_rail_left_costs_as_without_linkguard(tmp_path: Path) -> None:
     rep = _hand_made(
         tmp_path,
         2,
@@ -183,20 +198,23 @@ def test_a_host_with_no_rail_left_restarts_even_with_linkguard(tmp_path: Path) -
         (10.0, 990.0, False),
         (20.0, 80.0, True),
     ]
-    w, wo = rep.with_linkguard, rep.without_linkguard
-    # without: the first down restarts the job, the second comes during the restart
-    assert (wo.interruptions, wo.stalls, wo.idle_s) == (1, 0, pytest.approx(RESTART))
-    # with: the first is rerouted (the 50 ms data-plane floor), the second leaves gpu000 no
-    # rail: NCCL's timeout
-    assert (w.interruptions, w.stalls) == (1, 1)
-    assert w.idle_s == pytest.approx(0.05 + RESTART)
+    w, wo = rep.with_linkguard, rep.without_linkguard  # the ip transport
+    # without: 990 s is past TCP's last retransmission (804.6 s): the connection times out at
+    # 10 + 924.6 s and the job restarts (924.6 + 750 + 900 s idle, its processes back at
+    # 1684.6); the second down comes while it is stalled
+    assert (wo.interruptions, wo.stalls) == (1, 0)
+    assert wo.idle_s == pytest.approx(924.6 + 750 + 900)
+    # with: the first is rerouted (0.2 s), the second leaves gpu000 no rail: TCP's own
+    # 80 s -> 102.2 s stall (20..122.2)
+    assert (w.interruptions, w.stalls) == (0, 2)
+    assert w.idle_s == pytest.approx(0.2 + 102.2)
 
 
 def test_goodput_shows_enough_places_to_differ_from_100() -> None:
-    from linkguard.simulations.fleetreport import _percent
+    from linkguard.costreport import percent
 
-    assert _percent(1 - 0.8 / (30 * DAY)) == "99.99997 %"
-    assert (_percent(0.989629), _percent(1.0)) == ("98.9629 %", "100.0000 %")
+    assert percent(1 - 0.8 / (30 * DAY)) == "99.99997 %"
+    assert (percent(0.989629), percent(1.0)) == ("98.9629 %", "100.0000 %")
 
 
 def test_report_json_schema_and_plot(tmp_path: Path) -> None:
@@ -204,12 +222,23 @@ def test_report_json_schema_and_plot(tmp_path: Path) -> None:
     assert len(rep.outages) >= 5
     d = json.loads(json.dumps(rep.to_dict()))
     assert d["schema"] == REPORT_SCHEMA
+    assert d["schema"] == "linkguard.fleet-report/v2"
     assert set(d) == {
-        "schema", "fabric", "duration_s", "days", "seed", "model", "faults",
-        "with_linkguard", "without_linkguard", "assumes", "reroutes", "solves",
+        "schema", "fabric", "duration_s", "days", "seed", "model", "faults", "transport",
+        "with_linkguard", "without_linkguard", "transports", "assumes", "reroutes", "solves",
         "time_to_reroute_ms", "needless_reroutes", "worst_nic_load", "oracle", "wall_s",
         "outages",
     }  # fmt: skip
+    # v1's top-level costs are still there: the ip transport's when all are priced
+    assert d["transport"] == "ip" and d["with_linkguard"] == d["transports"]["ip"]["with_linkguard"]
+    assert list(d["transports"]) == ["ip", "nccl-ib", "nccl-ib-failover"]
+    for t, tc in d["transports"].items():
+        assert set(tc) == {
+            "title", "with_linkguard", "without_linkguard", "with_linkguard_at_once",
+            "interruptions_avoided", "gpu_hours_saved", "costlier_with_linkguard",
+            "costlier_with_linkguard_at_once", "assumes",
+        }, t  # fmt: skip
+        assert (tc["with_linkguard_at_once"] is None) == (t == "ip")
     cost_keys = {
         "interruptions", "stalls", "idle_s", "idle_gpu_hours", "goodput",
         "interruptions_per_1000_gpu_days",
@@ -228,9 +257,12 @@ def test_report_json_schema_and_plot(tmp_path: Path) -> None:
     assert set(d["outages"][0]) == {
         "entry", "kind", "at_s", "down_s", "ports", "open", "isolated", "reroute_ms"
     }  # fmt: skip
-    assert "rail map" in d["assumes"]
-    # with linkguard never costs more than without
+    assert "one synchronous job on every GPU" in d["assumes"]
+    assert "TCP" in d["transports"]["ip"]["assumes"]
+    assert "NCCL_IB_TIMEOUT=20" in d["transports"]["nccl-ib"]["assumes"]
+    # for ip, with linkguard never costs more than without
     assert d["with_linkguard"]["idle_s"] <= d["without_linkguard"]["idle_s"]
+    assert d["transports"]["ip"]["costlier_with_linkguard"] == []
     # deterministic apart from the wall time
     _, again = simulate(small(), duration_s=366 * DAY, seed=3, oracle=True)
     d2 = again.to_dict()
@@ -243,6 +275,8 @@ def test_report_json_schema_and_plot(tmp_path: Path) -> None:
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     text = rep.text()
     assert "with linkguard" in text and "goodput" in text and "needless reroutes" in text
+    for t in ("ip", "nccl-ib", "nccl-ib-failover"):
+        assert f"transport {t} (" in text
 
 
 def test_cli_sim_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

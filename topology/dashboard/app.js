@@ -815,8 +815,9 @@
 
   // ---------- report ----------
   // api/v1/report is the ledger report's JSON form (linkguard.ledgerreport: with_linkguard /
-  // without_linkguard costs, reference = Meta's published rate, worst_links, per_rail,
-  // per_leaf); another shape is shown generically (its scalars and small tables).
+  // without_linkguard costs of one transport, named by doc.transport (schema v2; the others in
+  // doc.transports), reference = Meta's published rate, worst_links, per_rail, per_leaf);
+  // another shape is shown generically (its scalars and small tables).
   async function loadReport() {
     const box = $("report");
     let doc;
@@ -846,6 +847,7 @@
       ["window", `${w.since_iso || "?"} → ${w.until_iso || "?"} (${num(w.days, 2)} days)`],
       ["fabric", `${f.name ?? "?"}: ${num(f.gpus)} GPUs, ${num(doc.gpu_days, 1)} GPU-days`],
       ["outages", `${num(oc.outages)} (open ${num(oc.open)}, isolated ${num(oc.isolated)})`],
+      ["priced for", doc.transport ? `the ${doc.transport} transport (linkguard report --transport for the others)` : "–"],
       ["interruptions / 1,000 GPU-days", `${num(withL.interruptions_per_1000_gpu_days, 3)} with linkguard, ` +
         `${num(without.interruptions_per_1000_gpu_days, 3)} without`],
       ["Meta (Llama 3) / 1,000 GPU-days", `${num(ref.per_1000_gpu_days, 3)} all causes, ` +
