@@ -969,10 +969,11 @@ class Agent:
                 return False  # an old retained plan; nothing to report to the service
         else:
             self.stats.plans_applied += 1
-            self._rail_change("plan")
         await self._send_ack(ack)
         if ack.result != AckResult.REFUSED:
-            self._render_nccl()  # after the ack: never delays it
+            # after the ack: never delays it; the files before the change goes out
+            self._render_nccl()
+            self._rail_change("plan")
         return ack.result != AckResult.REFUSED
 
     def _render_nccl(self) -> None:
@@ -1059,7 +1060,8 @@ class Agent:
 
     def _rail_change(self, reason: str) -> None:
         """Hand what jobs see (GPU -> HCA map, rails lost, ports out of use) to the hooks and
-        the rails socket when it changed (:mod:`linkguard.agent.railmap`); never waits."""
+        the rails socket when it changed (:mod:`linkguard.agent.railmap`), after rewriting the
+        NCCL files to match it; never waits."""
         if not self.settings.hooks and self.rails_socket is None:
             return
         view = rail_view(
@@ -1071,6 +1073,9 @@ class Agent:
         change = self.rail_changes.observe(view, now=time.time(), reason=reason)
         if change is None:
             return
+        # nccl.env first: a job that restarts on this change (linkguard.jobwatch) through
+        # `linkguard exec` must read the rails it announces, never the ones before it
+        self._render_nccl()
         self.hooks.submit(change)
         if self.rails_socket is not None:
             self.rails_socket.publish(change)
