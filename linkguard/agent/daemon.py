@@ -54,6 +54,7 @@ from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.bus import Bus, BusMessage, Will
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
+from linkguard.jobenv import AGENT_LOCK, AgentLock
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     Ack,
@@ -379,6 +380,9 @@ class Agent:
         else:
             log.info("plans_verified", key_id=self.verifier.key_id)
         async with contextlib.AsyncExitStack() as stack:
+            lock = self._hold_agent_lock()
+            if lock is not None:
+                stack.callback(lock.release)
             await self.metrics.start(self.settings.metrics_listen)
             stack.push_async_callback(self.metrics.stop)  # frees the port on any exit
             await stack.enter_async_context(self.table)  # opens the netlink socket
@@ -389,6 +393,22 @@ class Agent:
                 f"{self.duplicate.instance}, started {time.ctime(self.duplicate.started_at or 0)})"
                 "; host names must be unique (cloned machine?). Set `host:` in the config."
             )
+
+    def _hold_agent_lock(self) -> AgentLock | None:
+        """``agent.lock`` next to the NCCL files, held while the agent runs: ``linkguard exec``
+        (:mod:`linkguard.jobenv`) takes files nobody holds it for as a stale plan. A lock that
+        cannot be taken is logged; the agent runs on."""
+        directory = self.settings.rail_map_path.parent
+        try:
+            return AgentLock(directory)
+        except OSError as exc:
+            log.warning(
+                "agent_lock_unavailable",
+                path=str(directory / AGENT_LOCK),
+                error=str(exc),
+                hint="linkguard exec refuses jobs here (no current plan) without it",
+            )
+            return None
 
     async def _read_layout(self) -> None:
         """Add the host layout (PCIe switch per HCA and GPU) to the inventory before it is
