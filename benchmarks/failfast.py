@@ -17,8 +17,9 @@ What runs (real code throughout; simulated ports, in-memory bus, no root):
   over 4 ports (each back up before its next turn), ``--reps`` per case.
 - torchrun: ``torchrun --nnodes=1 --nproc-per-node=2 --max-restarts=N --no-python linkguard exec
   -- python worker.py`` on 127.0.0.1; each worker watches the agent's rails socket and calls
-  ``check()`` every step. One restart per rep: a port the workers use goes down, both raise
-  RailLost, torchrun restarts both through ``linkguard exec`` (on the usable rails), and the
+  ``check()`` every step. One restart per rep: a port the workers use goes down, a worker
+  raises RailLost (the other too, or its collective fails on the closed peer), torchrun
+  restarts both through ``linkguard exec`` (on the usable rails), and the
   time until every new worker reports training is taken. "plain": workers without torch (what
   linkguard and torchrun add); "torch": each worker imports torch, joins a gloo process group
   and completes an all-reduce before it counts as training (a CPU stand-in for NCCL's
@@ -104,7 +105,7 @@ attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), os.environ["RANK"
 
 def record(name, doc):
     tmp = out / f".{name}.tmp"
-    tmp.write_text(json.dumps({**doc, "time": time.time()}))
+    tmp.write_text(json.dumps({**doc, "time": time.time(), "pid": os.getpid()}))
     tmp.rename(out / name)
 
 
@@ -399,12 +400,18 @@ async def torchrun_restarts(workdir: Path, restarts: int, mode: str) -> list[dic
                 rig.source.link_down(hca, 1)
                 nxt = attempt + 1
                 await until(lambda n=nxt: training(n), f"the workers of attempt {nxt}", 180)
-                lost = [read_json(out_dir / f"lost-{attempt}-{r}.json") for r in (0, 1)]
+                # the first worker to raise ends the group: the other raises too, or its
+                # collective fails on the closed peer first (no record then)
+                lost = [
+                    read_json(f)
+                    for r in (0, 1)
+                    if (f := out_dir / f"lost-{attempt}-{r}.json").exists()
+                ]
                 again = [read_json(out_dir / f"training-{nxt}-{r}.json") for r in (0, 1)]
-                assert all(f"{hca}:1" not in a["NCCL_IB_HCA"] for a in again), again
+                assert lost and all(f"{hca}:1" not in a["NCCL_IB_HCA"] for a in again), again
                 results.append(
                     {
-                        "raised_s": max(x["time"] for x in lost) - t0,
+                        "raised_s": min(x["time"] for x in lost) - t0,
                         "training_s": max(a["time"] for a in again) - t0,
                     }
                 )
@@ -416,15 +423,36 @@ async def torchrun_restarts(workdir: Path, restarts: int, mode: str) -> list[dic
             print(f"torchrun's log, last 3000 characters:\n{tail}", file=sys.stderr)
             raise
         finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+            await stop_torchrun(proc, out_dir, script)
             log.close()
             served = rig.agent.rails_socket  # the workers' connections gone before it stops
             with contextlib.suppress(TimeoutError):
                 await until(lambda: served is None or served.subscribers == 0, "workers gone", 5)
     return results
+
+
+async def stop_torchrun(proc: asyncio.subprocess.Process, out: Path, script: Path) -> None:
+    """End a torchrun still running: SIGTERM (it stops its workers), SIGKILL after 30 s;
+    then any worker it left behind (workers run in their own sessions), by the pids they
+    recorded, if still running ``script``."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    kill_leftover_workers(out, script)
+
+
+def kill_leftover_workers(out: Path, script: Path) -> None:
+    for record in out.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pid = read_json(record)["pid"]
+            if str(script) in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
 
 
 def read_json(path: Path) -> dict:
@@ -453,7 +481,7 @@ async def bench_callbacks(work: Path, reps: int, budget: float) -> None:
 
 
 async def bench_torchrun(work: Path, runs: dict[str, int], budget: float) -> None:
-    print("\ntorchrun, 2 workers, rail loss -> (every worker raised RailLost) -> (every "
+    print("\ntorchrun, 2 workers, rail loss -> (a worker raised RailLost) -> (every "
           "restarted worker training):")  # fmt: skip
     for mode, n in runs.items():
         if n <= 0:

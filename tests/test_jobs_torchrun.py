@@ -142,11 +142,28 @@ async def torchrun(
     try:
         yield proc
     finally:
-        if proc.returncode is None:
+        await stop_torchrun(proc, out, script)
+        log.close()
+
+
+async def stop_torchrun(proc: asyncio.subprocess.Process, out: Path, script: Path) -> None:
+    """End a torchrun still running: SIGTERM (it stops its workers), SIGKILL after 30 s;
+    then any worker it left behind (workers run in their own sessions), by the pids they
+    recorded, if still running ``script``."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-        log.close()
+    for record in out.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pid = json.loads(record.read_text())["pid"]
+            if str(script) in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
 
 
 def read(out: Path, name: str) -> dict:
