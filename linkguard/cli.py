@@ -17,16 +17,20 @@
   linkguard keys generate          the service's Ed25519 key pair for signed plans
   linkguard rails follow           stream this host's rail map from the agent's Unix socket
   linkguard nccl env               NCCL settings for jobs starting now (usable ports, fused NICs)
+  linkguard exec -- CMD            run a job's worker with the NCCL settings of this moment
   linkguard layout                 this host's GPU-NIC layout (PCIe switch, NUMA) from sysfs or XML
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
-faults``: broker unreachable), 2 bad usage or configuration.
+faults``: broker unreachable), 2 bad usage or configuration; ``exec``: its own
+(:mod:`linkguard.jobenv`: 69 no usable rail, 75 no current plan, else the command's).
+
+``exec`` is dispatched before anything else is imported or built (asyncio, the other
+commands' parsers): it runs at every worker start.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import sys
 from collections.abc import Callable
@@ -674,6 +678,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="plain: NCCL_IB_HCA (+ NCCL_TOPO_FILE); failover: fused NICs with port failover",
     )
 
+    from linkguard.jobenv import add_arguments as exec_arguments
+
+    ex = sub.add_parser(
+        "exec",
+        help="run a job's worker with the host's NCCL settings of this moment (usable rails)",
+    )
+    exec_arguments(ex)
+
     lay = sub.add_parser(
         "layout",
         help="this host's GPU-NIC layout: PCIe switch, NUMA node, nearest NICs",
@@ -932,6 +944,11 @@ def _time(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exec"]:  # every worker start: no other command's parser or imports
+        from linkguard.jobenv import main as exec_main
+
+        return exec_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "quickstart" and args.rail >= args.rails:
@@ -952,6 +969,8 @@ def _fail(msg: str, code: int) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    import asyncio
+
     from linkguard.agent.inventory import InventoryError
     from linkguard.config import ConfigError
     from linkguard.drivers.netlink import NetnsNotFoundError
@@ -1019,6 +1038,8 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 def _daemon(args: argparse.Namespace) -> int:
     """``agent`` and ``topology serve``: settings, logging, run until SIGTERM."""
+    import asyncio
+
     from linkguard.config import AgentSettings, ServiceSettings, load_settings
     from linkguard.logs import configure_logging
 
@@ -1201,6 +1222,8 @@ def _faults(args: argparse.Namespace) -> int:
     :meth:`~linkguard.topology.state.FabricState.assess_faults`). The fabric: ``--fabric``,
     else the config's (``fabric:`` or ``generate:``, as the service would load it), else
     none (names unchecked)."""
+    import asyncio
+
     from linkguard import topics
     from linkguard.config import ConfigError, ServiceSettings, load_settings
     from linkguard.logs import configure_logging
@@ -1275,6 +1298,7 @@ async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) 
     disconnect. True once the broker acknowledged it. Raises TimeoutError when the broker does
     not answer within ``timeout`` seconds, and OSError at once when its address refuses the
     connection (ConnectionRefusedError), cannot be reached or does not resolve."""
+    import asyncio
     import os
     import secrets
 
@@ -1323,6 +1347,8 @@ def _sim_check(args: argparse.Namespace) -> int:
 def _sim_run(args: argparse.Namespace) -> int:
     """``sim run``: replay one scenario (:func:`linkguard.simulations.engine.run`), print the
     report (text or JSON); 0 passed, 1 failed, 2 not a valid scenario."""
+    import asyncio
+
     from linkguard.simulations.engine import run
     from linkguard.simulations.scenario import ScenarioError, load_scenario
 
@@ -1365,6 +1391,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
     (:func:`linkguard.simulations.labrun.run_lab`), progress on stderr, the report on stdout
     (and as JSON with --json). 0 passed, 1 failed, 2 cannot run here or not a valid scenario.
     SIGTERM and SIGINT (Ctrl-C) cancel the run; its teardown removes the lab (exit 143 / 130)."""
+    import asyncio
     import json
     import signal
 
@@ -1657,6 +1684,8 @@ def _keys(args: argparse.Namespace) -> int:
 def _rails_follow(args: argparse.Namespace) -> int:
     """``rails follow``: :func:`linkguard.agent.localsub.follow` on ``--socket``, else the
     config's ``rails_socket``, else ``/run/linkguard/rails.sock``."""
+    import asyncio
+
     from linkguard.agent.localsub import follow
     from linkguard.config import AgentSettings, ConfigError, load_settings
 
@@ -1678,6 +1707,7 @@ def _rails_follow(args: argparse.Namespace) -> int:
 
 
 def _broker(args: argparse.Namespace) -> int:
+    import asyncio
     import signal
 
     from linkguard.broker import embedded_broker

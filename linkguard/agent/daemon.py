@@ -54,6 +54,7 @@ from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.bus import Bus, BusMessage, Will
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
+from linkguard.jobenv import AGENT_LOCK, AgentLock
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     Ack,
@@ -382,6 +383,9 @@ class Agent:
         else:
             log.info("plans_verified", key_id=self.verifier.key_id)
         async with contextlib.AsyncExitStack() as stack:
+            lock = self._hold_agent_lock()
+            if lock is not None:
+                stack.callback(lock.release)
             await self.metrics.start(self.settings.metrics_listen)
             stack.push_async_callback(self.metrics.stop)  # frees the port on any exit
             await stack.enter_async_context(self.table)  # opens the netlink socket
@@ -392,6 +396,22 @@ class Agent:
                 f"{self.duplicate.instance}, started {time.ctime(self.duplicate.started_at or 0)})"
                 "; host names must be unique (cloned machine?). Set `host:` in the config."
             )
+
+    def _hold_agent_lock(self) -> AgentLock | None:
+        """``agent.lock`` next to the NCCL files, held while the agent runs: ``linkguard exec``
+        (:mod:`linkguard.jobenv`) takes files nobody holds it for as a stale plan. A lock that
+        cannot be taken is logged; the agent runs on."""
+        directory = self.settings.rail_map_path.parent
+        try:
+            return AgentLock(directory)
+        except OSError as exc:
+            log.warning(
+                "agent_lock_unavailable",
+                path=str(directory / AGENT_LOCK),
+                error=str(exc),
+                hint="linkguard exec refuses jobs here (no current plan) without it",
+            )
+            return None
 
     async def _read_layout(self) -> None:
         """Add the host layout (PCIe switch per HCA and GPU) to the inventory before it is
@@ -972,10 +992,11 @@ class Agent:
                 return False  # an old retained plan; nothing to report to the service
         else:
             self.stats.plans_applied += 1
-            self._rail_change("plan")
         await self._send_ack(ack)
         if ack.result != AckResult.REFUSED:
-            self._render_nccl()  # after the ack: never delays it
+            # after the ack: never delays it; the files before the change goes out
+            self._render_nccl()
+            self._rail_change("plan")
         return ack.result != AckResult.REFUSED
 
     def _render_nccl(self) -> None:
@@ -1062,7 +1083,8 @@ class Agent:
 
     def _rail_change(self, reason: str) -> None:
         """Hand what jobs see (GPU -> HCA map, rails lost, ports out of use) to the hooks and
-        the rails socket when it changed (:mod:`linkguard.agent.railmap`); never waits."""
+        the rails socket when it changed (:mod:`linkguard.agent.railmap`), after rewriting the
+        NCCL files to match it; never waits."""
         if not self.settings.hooks and self.rails_socket is None:
             return
         view = rail_view(
@@ -1074,6 +1096,9 @@ class Agent:
         change = self.rail_changes.observe(view, now=time.time(), reason=reason)
         if change is None:
             return
+        # nccl.env first: a job that restarts on this change (linkguard.jobwatch) through
+        # `linkguard exec` must read the rails it announces, never the ones before it
+        self._render_nccl()
         self.hooks.submit(change)
         if self.rails_socket is not None:
             self.rails_socket.publish(change)

@@ -22,7 +22,7 @@ from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, a
 from linkguard.membus import MemoryBroker, MemoryBus
 from linkguard.models import Ack, Plan, decode, encode
 from linkguard.simulations.fleet import agent_settings_for
-from linkguard.topology.fabric import generate_rail_optimized
+from linkguard.topology.fabric import Fabric, generate_rail_optimized
 from linkguard.topology.solver import Solver
 
 FABRIC = generate_rail_optimized(hosts=2, rails=4)
@@ -67,6 +67,8 @@ class Rig:
     sender: MemoryBus
     solver: Solver
     acks: list[Ack] = field(default_factory=list)
+    #: the agent's simulated ports (``link_down`` / ``link_up`` them)
+    source: SimulatedPortSource | None = None
 
     async def plan(self, epoch: int, lost: set[int] | frozenset[int] = frozenset()) -> Plan:
         """Publish HOST's plan of ``epoch`` with ``lost`` rails unusable at HOST."""
@@ -80,14 +82,16 @@ class Rig:
 
 
 @asynccontextmanager
-async def running_agent(tmp: Path, **update: object) -> AsyncIterator[Rig]:
-    """HOST's agent (simulated ports all active, in-memory route table) with ``update``
-    applied to its settings, running until the block ends."""
+async def running_agent(
+    tmp: Path, *, fabric: Fabric = FABRIC, **update: object
+) -> AsyncIterator[Rig]:
+    """HOST's agent of ``fabric`` (simulated ports all active, in-memory route table) with
+    ``update`` applied to its settings, running until the block ends."""
     broker = MemoryBroker()
     settings = agent_settings_for(
-        FABRIC, HOST, bus=BusSettings(), workdir=tmp, damping=DampingPolicy()
+        fabric, HOST, bus=BusSettings(), workdir=tmp, damping=DampingPolicy()
     ).model_copy(update=update)
-    source = SimulatedPortSource([active_port(h.hca, h.port) for h in FABRIC.host(HOST).hcas])
+    source = SimulatedPortSource([active_port(h.hca, h.port) for h in fabric.host(HOST).hcas])
     agent = Agent(
         settings,
         source=source,
@@ -108,7 +112,7 @@ async def running_agent(tmp: Path, **update: object) -> AsyncIterator[Rig]:
         async with sender:
             await sender.wait_connected(10)
             await agent.bus.wait_connected(10)
-            yield Rig(agent, sender, Solver(FABRIC), acks)
+            yield Rig(agent, sender, Solver(fabric), acks, source)
     finally:
         agent.stop()
         await asyncio.wait_for(task, 10)
