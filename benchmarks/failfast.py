@@ -82,7 +82,7 @@ from linkguard.jobwatch import RailWatch
 
 out = os.fdopen(1, "w", buffering=1)
 busy = sys.argv[2] == "busy"
-watch = RailWatch(sys.argv[1], environ={}, on_lost=lambda e: out.write(
+watch = RailWatch(sys.argv[1], environ={}, grace_s=0, on_lost=lambda e: out.write(
     f"{time.perf_counter()!r} {e.ports[0]}\\n"))
 watch.start()
 watch.wait_ready(30)
@@ -109,7 +109,7 @@ def record(name, doc):
     tmp.rename(out / name)
 
 
-watch = RailWatch(sock).start()  # before the process group, as the module says
+watch = RailWatch(sock, grace_s=0).start()  # before the process group, as the module says
 watch.wait_ready(30)
 if mode == "torch":
     import torch

@@ -33,6 +33,16 @@ NCCL) fires for both, as does the loss of a port in no fused NIC. A member lost 
 lost for the life of the watch, even after it comes back (a communicator is not assumed to take
 it back).
 
+When: once a lost port has stayed lost ``grace_s`` (default :func:`retransmit_timeout_s`, one
+RC retransmission timeout: 4.29 s at ``NCCL_IB_TIMEOUT=20``). A port back sooner costs its queue
+pairs one retransmission and no error, and firing would turn that blip into a restart, which
+costs far more (a restart, its rendezvous and half a checkpoint interval, against seconds of
+stall). A longer outage may still end before NCCL's budget, and then firing costs a restart the
+queue pairs would have ridden out: the trade ``linkguard report`` and ``sim fleet`` price for
+the ``nccl-ib`` transport ("with linkguard" is this default, "fail fast at once" is
+``grace_s=0``). Between the two, the watch thread keeps reading, so a return within the grace
+cancels (logged as ``jobwatch_blip``).
+
 Which changes fire: a port of this process in ``ports_down`` (``lost_on`` adds ``held_down``,
 ``suppressed``, ``degraded``) that was not lost in the previous document: a port that goes down
 again after it came back fires again. Down is the default because a queue pair on a port that
@@ -87,6 +97,7 @@ __all__ = [
     "RailWatch",
     "WatchStats",
     "nccl_retry_budget_s",
+    "retransmit_timeout_s",
     "selects",
 ]
 
@@ -129,6 +140,14 @@ def nccl_retry_budget_s(environ: Mapping[str, str] | None = None) -> float:
             return default
 
     return 4.096e-6 * 2 ** min(num("NCCL_IB_TIMEOUT", 20), 31) * num("NCCL_IB_RETRY_CNT", 7)
+
+
+def retransmit_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """One RC retransmission timeout (s): 4.096 us x 2^``NCCL_IB_TIMEOUT`` (4.29 s at NCCL's
+    default 20). A port back within it costs a queue pair one retransmission, no error: the
+    default ``grace_s`` of :class:`RailWatch`."""
+    return nccl_retry_budget_s({**(os.environ if environ is None else environ),
+                                "NCCL_IB_RETRY_CNT": "1"})  # fmt: skip
 
 
 def selects(value: str | None, device: str, port: int) -> bool:
@@ -209,7 +228,9 @@ class RailWatch:
     (only :meth:`check` raises), ``signal`` (also ``os.kill(getpid(), signum)``; :meth:`start`
     must then run in the main thread, it installs the handler) or ``exit`` (``os._exit
     (exit_code)`` after a line on stderr). ``lost_on``: which port lists count as lost.
-    ``initial``: ``baseline`` or ``fire`` (see the module docstring). Bad lines are logged
+    ``initial``: ``baseline`` or ``fire`` (see the module docstring). ``grace_s``: how long a
+    port stays lost before it fires (s; None: :func:`retransmit_timeout_s` of ``environ``; 0:
+    at once). Bad lines are logged
     (logger ``linkguard.jobwatch``) and skipped; nothing here raises into the training loop
     but :class:`RailLost`."""
 
@@ -226,8 +247,12 @@ class RailWatch:
         initial: Literal["baseline", "fire"] = "baseline",
         environ: Mapping[str, str] | None = None,
         reconnect_s: float = RECONNECT_S,
+        grace_s: float | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
+        self.grace_s = retransmit_timeout_s(env) if grace_s is None else float(grace_s)
+        if not self.grace_s >= 0:
+            raise ValueError(f"grace_s {grace_s!r}: a number of seconds >= 0")
         self.path = os.fspath(path or env.get("LINKGUARD_RAILS_SOCKET") or DEFAULT_SOCKET)
         if interrupt not in ("none", "signal", "exit"):
             raise ValueError(f"interrupt {interrupt!r}: none, signal or exit")
@@ -267,6 +292,8 @@ class RailWatch:
         self._survived_once: frozenset[str] = frozenset()
         self._old_handler: Any = None
         self._said: set[str] = set()
+        #: lost ports waiting out the grace: key -> (monotonic deadline, RailLost to fire)
+        self._pending: dict[str, tuple[float, RailLost]] = {}
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -341,7 +368,7 @@ class RailWatch:
                 self._say_once(
                     "connect", "cannot connect to %s: %s (retrying)", self.path, exc.strerror
                 )
-                self._stop.wait(wait)
+                self._wait(wait)
                 wait = min(wait * 2, RECONNECT_MAX_S)
                 continue
             with self._lock:
@@ -364,12 +391,42 @@ class RailWatch:
                     self._sock = None
                 sock.close()
             if not self._stop.is_set():
-                self._stop.wait(wait)
+                self._wait(wait)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep ``seconds`` (or until stopped), firing the losses whose grace ends meanwhile."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            self._stop.wait(min(left, self._until_due()))
+            self._due()
+
+    def _until_due(self) -> float:
+        """Seconds until the first pending loss is due (inf: none pending)."""
+        return min((d for d, _ in self._pending.values()), default=float("inf")) - (
+            time.monotonic()
+        )
+
+    def _due(self) -> None:
+        """Fire the pending losses whose grace is over (still lost: a return removed them)."""
+        now = time.monotonic()
+        due = {k: err for k, (d, err) in self._pending.items() if d <= now}
+        if not due:
+            return
+        for k in due:
+            del self._pending[k]
+        first = min(due.values(), key=lambda e: e.noticed_at)
+        self._fire(RailLost(sorted(due), first.change, first.noticed_at))
 
     def _read(self, sock: socket.socket) -> None:
         buf = b""
         while not self._stop.is_set():
-            chunk = sock.recv(65536)
+            left = self._until_due()
+            sock.settimeout(None if left == float("inf") else max(left, 0.0))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                self._due()
+                continue
             if not chunk:
                 if not self._stop.is_set():
                     log.warning("jobwatch_connection_closed: %s (reconnecting)", self.path)
@@ -427,8 +484,22 @@ class RailWatch:
             )
         self._survived = survived
         self._survived_once |= survived
-        if new:
+        back = [k for k in self._pending if k not in doomed]
+        for k in back:
+            del self._pending[k]
+        if back:
+            log.info(
+                "jobwatch_blip: %s back within the %.2f s grace: not fired",
+                ", ".join(sorted(back)),
+                self.grace_s,
+            )
+        if new and self.grace_s == 0:
             self._fire(RailLost(new, doc, time.time()))
+        elif new:
+            err = RailLost(new, doc, time.time())
+            deadline = time.monotonic() + self.grace_s
+            for k in new:
+                self._pending[k] = (deadline, err)
         return "ok"
 
     def _doomed(self, lost: frozenset[str]) -> frozenset[str]:

@@ -71,7 +71,7 @@ FAILFAST_WORKER = (
     + """
 from linkguard.jobwatch import RailLost, RailWatch
 
-watch = RailWatch(sys.argv[2]).start()
+watch = RailWatch(sys.argv[2], grace_s=0).start()  # the rail stays lost: fire at once
 ready = watch.wait_ready(30)
 record(f"training-{attempt}.json", {"NCCL_IB_HCA": os.environ.get("NCCL_IB_HCA"), "ready": ready})
 deadline = time.monotonic() + 120

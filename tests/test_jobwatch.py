@@ -119,7 +119,9 @@ def watches() -> Iterator[list[RailWatch]]:
 
 
 def started(made: list[RailWatch], path: Path, **kw: Any) -> RailWatch:
-    w = RailWatch(path, **kw).start()
+    """A watch that fires at once (``grace_s=0``) unless ``kw`` says otherwise: the grace has
+    tests of its own."""
+    w = RailWatch(path, **{"grace_s": 0, **kw}).start()
     made.append(w)
     return w
 
@@ -183,6 +185,7 @@ async def test_a_real_agent_port_down_fires_with_nccl_env_already_updated(tmp_pa
             watch = RailWatch(
                 d / "rails.sock",
                 environ=env,
+                grace_s=0,
                 on_lost=lambda _e: seen.append(read_host_nccl(run).env),
             ).start()
             try:
@@ -328,7 +331,7 @@ def test_signal_interrupts_a_blocked_main_thread(server: LineServer, watches) ->
 
     before = signal.signal(signal.SIGUSR1, handler)
     try:
-        watch = RailWatch(server.path, environ={}, interrupt="signal")
+        watch = RailWatch(server.path, environ={}, interrupt="signal", grace_s=0)
         watches.append(watch)
         with pytest.raises(RailLost, match="mlx5_0/1"):
             watch.start()
@@ -366,7 +369,7 @@ def test_exit_ends_a_stuck_process(server: LineServer) -> None:
         import sys, time
         sys.path[:0] = [{str(Path(jobwatch_module.__file__).parent)!r}]
         import jobwatch
-        jobwatch.RailWatch({str(server.path)!r}, environ={{}}, interrupt="exit").start()
+        jobwatch.RailWatch({str(server.path)!r}, environ={{}}, interrupt="exit", grace_s=0).start()
         print("watching", flush=True)
         time.sleep(60)
         """
@@ -443,3 +446,49 @@ def test_rail_lost_pickles() -> None:
     err = RailLost(["mlx5_1/1"], rail_doc(3, down=("mlx5_1/1",)), time.time())
     back = pickle.loads(pickle.dumps(err))
     assert (back.ports, back.change, str(back)) == (err.ports, err.change, str(err))
+
+
+# -- the grace ---------------------------------------------------------------------------------
+
+
+def test_the_default_grace_is_one_rc_retransmission_timeout() -> None:
+    assert jobwatch_module.retransmit_timeout_s({}) == pytest.approx(4.294967296)  # 4.096us*2^20
+    assert jobwatch_module.retransmit_timeout_s({"NCCL_IB_TIMEOUT": "14"}) == pytest.approx(
+        0.067108864
+    )
+    assert RailWatch("/nonexistent", environ={}).grace_s == pytest.approx(4.294967296)
+    assert RailWatch("/nonexistent", environ={"NCCL_IB_TIMEOUT": "18"}).grace_s == (
+        pytest.approx(1.073741824)
+    )
+    with pytest.raises(ValueError, match="grace_s"):
+        RailWatch("/nonexistent", grace_s=-1)
+    with pytest.raises(ValueError, match="grace_s"):
+        RailWatch("/nonexistent", grace_s=float("nan"))
+
+
+def test_a_blip_within_the_grace_does_not_fire_a_longer_loss_does(
+    server: LineServer, watches, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="linkguard.jobwatch")
+    heard: list[RailLost] = []
+    watch = started(watches, server.path, environ={}, grace_s=0.3, on_lost=heard.append)
+    wait_for(lambda: server.conns, "a connection")
+    server.send(line(rail_doc(1), "current"))
+    # mlx5_0 down and back within the grace: a blip the queue pairs ride out
+    server.send(line(rail_doc(2, down=("mlx5_0/1",))), line(rail_doc(3)))
+    wait_for(lambda: watch.stats.documents == 3, "the blip")
+    t_down = time.monotonic()
+    server.send(line(rail_doc(4, down=("mlx5_1/1",))))
+    wait_for(lambda: watch.lost is not None, "mlx5_1/1 still lost after the grace")
+    waited = time.monotonic() - t_down
+    # the blip never fired (its grace ended long before mlx5_1's did), mlx5_1 did, once
+    assert [e.ports for e in heard] == [("mlx5_1/1",)]
+    assert waited >= 0.3
+    assert watch.lost.change["seq"] == 4  # type: ignore[union-attr]
+    assert "jobwatch_blip: mlx5_0/1 back within the 0.30 s grace" in caplog.text
+    # a loss while disconnected still fires when its grace is over (the agent went away)
+    server.send(line(rail_doc(5, down=("mlx5_1/1", "mlx5_2/1"))))
+    wait_for(lambda: watch.stats.documents == 5, "mlx5_2/1 lost")
+    server.hang_up()
+    wait_for(lambda: len(heard) == 2, "mlx5_2/1 after the grace, with the agent gone")
+    assert heard[1].ports == ("mlx5_2/1",)
