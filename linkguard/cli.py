@@ -804,7 +804,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and restarted). Prints per fault the gap in each affected flow, datagrams lost and the "
         "time to the last ack, and the oracle's mismatches (UDP probes between endpoints vs "
         "the model's reachability after every settle). Needs root; generated fabrics of at "
-        "most 32 hosts and 16 rails.",
+        "most 32 hosts and 16 rails. A scenario with a job: also runs a PyTorch training job "
+        "(Gloo, CPU; needs torch==2.13.0) with one rank per host bound to the GPU endpoints, "
+        "reports its stall, steps and rank failures per fault, and runs twice by default: "
+        "with linkguard, then without (static routes), one lab after the other.",
         epilog="Exit codes: 0 passed (--no-linkguard: the run completed), 1 an oracle mismatch, "
         "a failed expectation (max_reroute_ms applies to the data-plane gap) or a process that "
         "died, 2 not root, not a valid scenario or a scenario the lab cannot build.",
@@ -814,7 +817,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-linkguard",
         action="store_true",
         help="baseline: no agents or service, static routes via each endpoint's home rail; "
-        "shows how long flows stay broken without rerouting (mismatches are not failures)",
+        "shows how long flows stay broken without rerouting (mismatches are not failures); "
+        "a job scenario then runs only this half",
+    )
+    sl.add_argument(
+        "--skip-baseline",
+        action="store_true",
+        help="a job scenario runs only the with-linkguard half (default: both halves)",
+    )
+    sl.add_argument(
+        "--agent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_key_value,
+        help="an agent setting for every lab agent (repeatable; dotted keys enter sections, "
+        "e.g. routes.rto_min_ms=20; VALUE is YAML), over the scenario's agent_settings:",
     )
     sl.add_argument("--json", type=Path, metavar="F", help="also write the report as JSON to F")
     sl.add_argument(
@@ -1386,6 +1404,19 @@ def _quiet_sim_logging(configure_logging: Callable[..., None]) -> None:
     logging.getLogger("mqtt").setLevel(logging.CRITICAL)
 
 
+def _key_value(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as a YAML scalar (``20`` -> 20, ``true`` -> True)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{key}: {value!r} is not a YAML value") from None
+
+
 def _sim_lab(args: argparse.Namespace) -> int:
     """``sim lab``: replay one scenario on a namespace lab
     (:func:`linkguard.simulations.labrun.run_lab`), progress on stderr, the report on stdout
@@ -1399,19 +1430,24 @@ def _sim_lab(args: argparse.Namespace) -> int:
     from linkguard.simulations.lab import LabError
     from linkguard.simulations.labprocs import LabProcessError
     from linkguard.simulations.labrun import (
+        LabPair,
         LabReport,
         LabRunError,
         check_lab_scenario,
         run_lab,
+        run_lab_halves,
     )
     from linkguard.simulations.labrun import stderr_progress as lab_progress
     from linkguard.simulations.scenario import ScenarioError, load_scenario
 
+    agent_settings = dict(args.agent_set)
     try:
         loaded = load_scenario(args.file)
-        check_lab_scenario(loaded)
+        check_lab_scenario(loaded, agent_settings=agent_settings)
     except (ScenarioError, LabRunError) as exc:
         return _fail(str(exc), 2)
+    if args.no_linkguard and args.skip_baseline:
+        return _fail("--no-linkguard runs only the baseline, --skip-baseline skips it", 2)
     if args.workdir is not None:  # before any namespace exists: a clear error, nothing built
         try:
             args.workdir.mkdir(parents=True, exist_ok=True)
@@ -1421,7 +1457,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
 
     stopped_by: list[str] = []
 
-    async def main() -> LabReport:
+    async def main() -> LabReport | LabPair:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -1432,12 +1468,23 @@ def _sim_lab(args: argparse.Namespace) -> int:
                 task.cancel()
 
             loop.add_signal_handler(sig, stop)
+        if loaded.scenario.job is not None:  # both halves in one run, unless told
+            halves = (False,) if args.no_linkguard else (True,) if args.skip_baseline else None
+            return await run_lab_halves(
+                loaded,
+                halves=halves or (True, False),
+                workdir=args.workdir,
+                keep=args.keep,
+                progress=lab_progress(),
+                agent_settings=agent_settings,
+            )
         return await run_lab(
             loaded,
             linkguard=not args.no_linkguard,
             workdir=args.workdir,
             keep=args.keep,
             progress=lab_progress(),
+            agent_settings=agent_settings,
         )
 
     try:

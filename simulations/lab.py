@@ -14,7 +14,10 @@ names, HCA addresses, endpoints and netdevs; one leaf bridge per leaf switch (``
 and, when a rail has several leaves (several SUs), one spine bridge per rail (``sp<rail>``)
 joined to each of that rail's leaves by one veth (``l<su>r<rail>u`` on the leaf,
 ``l<su>r<rail>d`` on the spine): a tree, no L2 loop. The spine bridge stands for the whole
-spine layer of its rail; :meth:`Lab.uplink_down` cuts a leaf off it.
+spine layer of its rail; :meth:`Lab.uplink_down` cuts a leaf off it. With ``management=True``
+it adds a management network beside the fabric: a bridge ``mgmt`` in the fabric namespace and
+one veth per host (``mgmt0``, 10.99.0.(h+1)/24; :meth:`Lab.management_address`), on no rail and
+cut by no fault, as the frontend Ethernet of a real cluster that carries a job's rendezvous.
 
 The main table of a host starts with only the connected /24s: no routes to peer endpoints
 (putting them in is linkguard's job). Both ends of every veth get explicit, distinct ifindexes
@@ -68,6 +71,12 @@ MAX_RAILS = 64
 MAX_GPUS = 64
 HOST_IFINDEX_BASE = 10
 FABRIC_IFINDEX_BASE = 1000
+#: The management network (``management=True``): subnet, host-end netdev and ifindexes (host
+#: end 9, below the rails' 10 + r; fabric end ``m<h>`` 60000 + h, above every rail port's).
+MGMT_SUBNET = ipaddress.IPv4Network("10.99.0.0/24")
+MGMT_NETDEV = "mgmt0"
+MGMT_HOST_IFINDEX = 9
+MGMT_FABRIC_IFINDEX_BASE = 60000
 
 
 class LabError(RuntimeError):
@@ -173,6 +182,8 @@ class Lab:
     leaves: dict[str, str] = field(default_factory=dict)
     #: leaf name -> the leaf end of its uplink veth to its rail's spine bridge (multi-SU only)
     uplinks: dict[str, str] = field(default_factory=dict)
+    #: host name -> its address on the management network (empty: none built)
+    management: dict[str, IPv4Address] = field(default_factory=dict)
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
     _neigh_restore: list[tuple[Path, int, int]] = field(default_factory=list, repr=False)
 
@@ -228,11 +239,14 @@ class Lab:
         return lab
 
     @classmethod
-    def from_fabric(cls, fabric: Fabric, *, prefix: str | None = None) -> Lab:
+    def from_fabric(
+        cls, fabric: Fabric, *, prefix: str | None = None, management: bool = False
+    ) -> Lab:
         """Build the lab of ``fabric`` (module docstring): its hosts with their names, HCA
         addresses (prefix length from ``rail_subnets``, else /24), netdevs and endpoints
         (:attr:`endpoint_subnets` = the fabric's), its leaves, and a spine bridge per rail
-        that has several leaves. Raises ValueError when the fabric does not fit a lab: more
+        that has several leaves; with ``management`` also the management network (module
+        docstring). Raises ValueError when the fabric does not fit a lab: more
         than :data:`MAX_HOSTS` hosts or :data:`MAX_RAILS` rails, an HCA without address or
         netdev, a host port not cabled to a leaf; :class:`LabError` when a command fails
         (everything created so far is removed first)."""
@@ -286,15 +300,19 @@ class Lab:
         )
         lab.endpoint_subnets = dict(fabric.endpoint_subnets)
         lab.leaves = bridges
-        lab._create(specs, spines=spines)
+        lab._create(specs, spines=spines, management=management)
         return lab
 
-    def _create(self, specs: list[_HostSpec], *, spines: dict[int, list[str]]) -> None:
+    def _create(
+        self, specs: list[_HostSpec], *, spines: dict[int, list[str]], management: bool = False
+    ) -> None:
         started = time.monotonic()
         try:
             n = len(specs)
-            self._raise_neigh_limit(n * n * (self.gpus_per_host + self.rails))
+            self._raise_neigh_limit(n * n * (self.gpus_per_host + self.rails + management))
             self._build(specs, spines)
+            if management:
+                self._build_management()
         except BaseException:
             self.destroy()
             raise
@@ -391,6 +409,30 @@ class Lab:
                 LabHost(name=spec.name, netns=ns, endpoints=list(spec.endpoints), rails=lab_rails)
             )
         self._check_ifindexes()
+
+    def _build_management(self) -> None:
+        fab = self.fabric_netns  # MAX_HOSTS (200) fits the /24
+        _run(["ip", "-n", fab, "link", "add", "mgmt", "type", "bridge"])
+        _run(["ip", "-n", fab, "link", "set", "mgmt", "up"])
+        for h, host in enumerate(self.hosts):
+            ns, port = host.netns, f"m{h}"
+            addr = MGMT_SUBNET.network_address + h + 1
+            _run(
+                [
+                    "ip", "-n", ns, "link", "add", MGMT_NETDEV, "index", str(MGMT_HOST_IFINDEX),
+                    "type", "veth", "peer", "name", port, "netns", fab,
+                    "index", str(MGMT_FABRIC_IFINDEX_BASE + h),
+                ]
+            )  # fmt: skip
+            _run(["ip", "-n", fab, "link", "set", port, "master", "mgmt", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{addr}/{MGMT_SUBNET.prefixlen}", "dev",
+                  MGMT_NETDEV])  # fmt: skip
+            _run(["ip", "-n", ns, "link", "set", MGMT_NETDEV, "up"])
+            self.management[host.name] = addr
+
+    def management_address(self, host: int | str) -> IPv4Address:
+        """``host``'s address on the management network; KeyError when the lab has none."""
+        return self.management[self.host(host).name]
 
     def _check_ifindexes(self) -> None:
         """Both ends of every veth are peers of each other and have distinct ifindexes."""

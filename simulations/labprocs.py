@@ -12,6 +12,7 @@ end-to-end tests.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 import signal
@@ -19,11 +20,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -52,6 +53,7 @@ __all__ = [
     "LabProcessError",
     "Observer",
     "Procs",
+    "agent_overrides",
     "lab_fabric",
     "observer_bus",
     "outages_after_reroute",
@@ -67,6 +69,57 @@ __all__ = [
 TABLE = 4242
 #: The flow and probe script (:mod:`linkguard.simulations.udpflow`), started by path.
 UDPFLOW = Path(__file__).with_name("udpflow.py")
+
+
+#: Agent settings the lab writes itself (its namespaces, ports, table, bus, state): an
+#: override from ``agent_settings`` / ``--agent-set`` is refused.
+LAB_AGENT_KEYS = frozenset(
+    {"host", "driver", "netns", "ports", "endpoints", "bus", "route_table", "state_dir",
+     "rail_map_path", "damping", "shutdown_policy", "sysfs_root", "metrics_listen"}
+)  # fmt: skip
+
+
+def agent_overrides(settings: Mapping[str, object]) -> dict[str, Any]:
+    """``{"routes.rto_min_ms": 20, "log_level": "debug"}`` as the nested mapping an agent
+    config holds (``{"routes": {"rto_min_ms": 20}, ...}``), checked by the agent's own
+    settings model (:func:`~linkguard.config.load_settings`), so a key this linkguard does not
+    know is refused here, before a lab is built. Raises ValueError naming the key: one the lab
+    sets itself (:data:`LAB_AGENT_KEYS`), two keys that collide, a bad value."""
+    from linkguard.config import AgentSettings, ConfigError, load_settings
+
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        parts = key.split(".")
+        if parts[0] in LAB_AGENT_KEYS:
+            raise ValueError(
+                f"agent setting {key}: the lab sets {parts[0]} itself (its namespaces, ports, "
+                "table and bus; damping comes from the scenario's damping:)"
+            )
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"agent setting {key}: {part} is given a value and a section")
+        if parts[-1] in node:
+            raise ValueError(f"agent setting {key} is given twice")
+        node[parts[-1]] = value
+    if nested:
+        try:
+            load_settings(AgentSettings, None, **nested)
+        except ConfigError as exc:
+            given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+            detail = str(exc).split("): ", 1)[-1]
+            raise ValueError(f"agent settings {given}: this agent refuses them: {detail}") from None
+    return nested
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
 
 
 class LabProcessError(RuntimeError):
@@ -300,7 +353,7 @@ def write_configs(
     roce: bool = True,
     sysfs_roots: dict[str, Path] | None = None,
     service_extra: dict[str, Any] | None = None,
-    agent_extra: dict[str, Any] | None = None,
+    agent_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``workdir/fabric.yaml``, the service config and one agent config per host (lab
     host i is fabric host i); returns ``{"service": path, host: path, ...}``.
@@ -308,8 +361,9 @@ def write_configs(
     Agents: ``driver`` (netlink: the rail netdevs' carrier), routes in table :data:`TABLE`,
     ``damping`` (default: the policy's defaults with ``hold_down_initial_s=hold_down_s`` when
     given), withdraw on shutdown. Service: ``debounce_ms`` (None: the service's default) and
-    any other settings in ``service_extra`` (e.g. ``{"solve_initial_delay_ms": 0}``); every
-    agent gets ``agent_extra`` on top of its own (e.g. ``{"routes": {"rto_min_ms": 20}}``)."""
+    any other settings in ``service_extra`` (e.g. ``{"solve_initial_delay_ms": 0}``). Every
+    agent also gets ``agent_extra`` (nested, as :func:`agent_overrides` returns it, e.g.
+    ``{"routes": {"rto_min_ms": 20}}``), merged over what the lab writes."""
     (workdir / "fabric.yaml").write_text(dump_fabric(fabric, "yaml"))
     paths: dict[str, Path] = {}
     svc: dict[str, Any] = {
@@ -355,12 +409,12 @@ def write_configs(
             "log_format": "json",
             "metrics_listen": None,  # one loopback for every lab agent: no exporter ports
         }
-        cfg.update(agent_extra or {})
         if sysfs_roots:
             cfg["sysfs_root"] = str(sysfs_roots[inv.host])
         for p in cfg["ports"]:
             if p["link_layer"] is None:
                 del p["link_layer"]
+        _merge(cfg, copy.deepcopy(dict(agent_extra or {})))
         paths[inv.host] = workdir / f"agent-{inv.host}.yaml"
         paths[inv.host].write_text(yaml.safe_dump(cfg))
     return paths
@@ -388,18 +442,21 @@ async def start_all(procs: Procs, obs: Observer, cfgs: dict[str, Path], names: l
 
 @dataclass(frozen=True)
 class FlowSpec:
-    """A UDP flow from endpoint ``src`` on lab host ``src_host`` to ``dst`` on ``dst_host``
-    (lab host names), to UDP ``port``."""
+    """A flow from endpoint ``src`` on lab host ``src_host`` to ``dst`` on ``dst_host`` (lab
+    host names), to ``port``: UDP datagrams, or with ``proto="tcp"`` fixed-size records on one
+    TCP connection (:mod:`~linkguard.simulations.udpflow`)."""
 
     src_host: str
     src: IPv4Address
     dst_host: str
     dst: IPv4Address
     port: int
+    proto: Literal["udp", "tcp"] = "udp"
 
     @property
     def label(self) -> str:
-        return f"{self.src_host} {self.src} -> {self.dst_host} {self.dst}"
+        tcp = " (tcp)" if self.proto == "tcp" else ""
+        return f"{self.src_host} {self.src} -> {self.dst_host} {self.dst}{tcp}"
 
 
 @dataclass
@@ -445,26 +502,30 @@ class Flow:
 def start_flows(
     lab: Lab, workdir: Path, specs: Sequence[FlowSpec], *, interval_ms: float = 2.0
 ) -> list[Flow]:
-    """Start ``specs``: one receiver process per destination host and one sender per source
-    host (every ``interval_ms`` one datagram per flow), inside the hosts' namespaces. The lab
+    """Start ``specs``: one receiver process per destination host and protocol and one sender
+    per source host and protocol (every ``interval_ms`` one datagram or record per flow),
+    inside the hosts' namespaces (a TCP sender connects once its receiver listens). The lab
     kills them on destroy. Returns one :class:`Flow` per spec, in order."""
-    outs = {s: workdir / f"flow-{s.src}-{s.dst}-{s.port}.txt" for s in specs}
+    outs = {s: workdir / f"flow-{s.proto}-{s.src}-{s.dst}-{s.port}.txt" for s in specs}
     for out in outs.values():
         out.write_bytes(b"")  # empty now: a record left by an earlier run must not be read
     py = [sys.executable, str(UDPFLOW)]
-    recvs: dict[str, subprocess.Popen[Any]] = {}
-    for host, group in itertools.groupby(
-        sorted(specs, key=lambda s: s.dst_host), lambda s: s.dst_host
+    mode = {"udp": ("recv", "send"), "tcp": ("tcprecv", "tcpsend")}
+    recvs: dict[tuple[str, str], subprocess.Popen[Any]] = {}
+    for key, group in itertools.groupby(
+        sorted(specs, key=lambda s: (s.dst_host, s.proto)), lambda s: (s.dst_host, s.proto)
     ):
         args = [a for s in group for a in (str(s.dst), str(s.port), str(outs[s]))]
-        recvs[host] = lab.exec(host, [*py, "recv", *args])
-    sends: dict[str, subprocess.Popen[Any]] = {}
-    for host, group in itertools.groupby(
-        sorted(specs, key=lambda s: s.src_host), lambda s: s.src_host
+        recvs[key] = lab.exec(key[0], [*py, mode[key[1]][0], *args])
+    sends: dict[tuple[str, str], subprocess.Popen[Any]] = {}
+    for key, group in itertools.groupby(
+        sorted(specs, key=lambda s: (s.src_host, s.proto)), lambda s: (s.src_host, s.proto)
     ):
         args = [a for s in group for a in (str(s.src), str(s.dst), str(s.port))]
-        sends[host] = lab.exec(host, [*py, "send", str(interval_ms), *args])
-    return [Flow(s, recvs[s.dst_host], sends[s.src_host], outs[s]) for s in specs]
+        sends[key] = lab.exec(key[0], [*py, mode[key[1]][1], str(interval_ms), *args])
+    return [
+        Flow(s, recvs[(s.dst_host, s.proto)], sends[(s.src_host, s.proto)], outs[s]) for s in specs
+    ]
 
 
 def start_flow(

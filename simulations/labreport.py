@@ -1,8 +1,11 @@
 """The report of a namespace-lab replay (:mod:`linkguard.simulations.labrun`).
 
 Consumes: what a replay measured. Produces: :class:`LabReport` with per-fault flow gaps
-(:class:`FaultResult`, :class:`FlowGap`), oracle results and expectations, as text
-(:meth:`LabReport.text`, engine-report style) or JSON-able dicts (:meth:`LabReport.to_dict`).
+(:class:`FaultResult`, :class:`FlowGap`), the training job's stall per fault
+(:class:`JobFault`) and over the run (:class:`JobSummary`), oracle results and expectations,
+as text (:meth:`LabReport.text`, engine-report style) or JSON-able dicts
+(:meth:`LabReport.to_dict`); :class:`LabPair` puts a job scenario's two halves (with and
+without linkguard, one run) side by side.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from dataclasses import asdict, dataclass, field
 
 from linkguard.simulations.engine import ExpectResult, mismatch_lines
 
-__all__ = ["FaultResult", "FlowGap", "LabReport", "stderr_progress"]
+__all__ = [
+    "FaultResult",
+    "FlowGap",
+    "JobFault",
+    "JobSummary",
+    "LabPair",
+    "LabReport",
+    "stderr_progress",
+]
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,73 @@ class FlowGap:
     lost: int
     until_return: bool
     resumed: bool
+
+
+@dataclass(frozen=True)
+class JobFault:
+    """The training job during one fault's window (from the fault to the next fault, or the
+    end of the job). ``stall_ms``: the longest step that overlaps the window minus the
+    job's median step (ms; the worst rank); ``longest_step_ms`` that step; ``steps``: steps
+    completed in the window (the slowest rank); ``rank_failures``: ranks that failed in it;
+    ``resumed``: every rank completed a step after its stall (False: a rank stalled until it
+    failed or the job ended); ``note`` when nothing could be measured (the job had failed
+    already). Source: :mod:`linkguard.simulations.labjob`."""
+
+    stall_ms: float | None
+    longest_step_ms: float | None
+    steps: int
+    rank_failures: int
+    resumed: bool
+    note: str = ""
+
+    def text(self) -> str:
+        if self.stall_ms is None:
+            return f"{self.note or 'not measured'}, {self.steps} steps"
+        how = "" if self.resumed else " (did not resume)"
+        fails = f", {self.rank_failures} rank(s) FAILED" if self.rank_failures else ""
+        return f"stall {self.stall_ms:.0f} ms{how}, {self.steps} steps{fails}"
+
+
+@dataclass
+class JobSummary:
+    """The job over the whole run. ``devices``: Gloo devices per rank (one per GPU endpoint);
+    ``buckets``: all-reduces DDP makes per step (plus one for the stop flag);
+    ``median_step_ms`` / ``p99_step_ms``: steady-state step times before the first fault
+    (ms); ``steps``: steps the slowest rank completed; ``start_s``: from starting the ranks
+    to every rank's first step (s); ``rail_mb``: per rail, the MB the host that sent least
+    on it sent from the warm-up to the stop (the kernel's counters: every rail carries job
+    traffic when none is 0)."""
+
+    kind: str
+    ranks: int
+    devices: int
+    layers: int
+    buckets: int | None
+    timeout_s: float
+    median_step_ms: float | None
+    p99_step_ms: float | None
+    steps: int
+    rank_failures: int
+    failures: list[str]
+    start_s: float | None
+    rail_mb: dict[int, float]
+
+    def text(self) -> str:
+        med = f"{self.median_step_ms:.1f}" if self.median_step_ms is not None else "?"
+        p99 = f"{self.p99_step_ms:.1f}" if self.p99_step_ms is not None else "?"
+        rails = ", ".join(f"rail {r} {mb:.1f}" for r, mb in self.rail_mb.items())
+        return (
+            f"  job {self.kind}: {self.ranks} ranks x {self.devices} Gloo devices, "
+            f"{self.buckets if self.buckets is not None else '?'} buckets per step, "
+            f"collective timeout {self.timeout_s:g} s; step {med} ms median / {p99} ms p99 "
+            f"before the first fault; {self.steps} steps, {self.rank_failures} rank failure(s)"
+            + (f"\n    MB sent per rail (least of any host): {rails}" if rails else "")
+            + "".join(
+                f"\n    note: some host sent no job traffic on rail {r}"
+                for r, mb in self.rail_mb.items()
+                if mb < 0.1
+            )
+        )
 
 
 @dataclass
@@ -50,6 +128,7 @@ class FaultResult:
     checked: bool = False
     mismatches: int = 0
     note: str = ""
+    job: JobFault | None = None
 
     @property
     def gap_p50_ms(self) -> float | None:
@@ -92,6 +171,8 @@ class LabReport:
     expectations: list[ExpectResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     exit_codes: dict[str, int] = field(default_factory=dict)
+    job: JobSummary | None = None
+    agent_settings: dict[str, object] = field(default_factory=dict)
     workdir: str | None = None
     wall_s: float = 0.0
     passed: bool = False
@@ -132,6 +213,9 @@ class LabReport:
             f"steps in {self.duration_s:g} s"
             + (f", debounce {self.debounce_ms:g} ms" if self.debounce_ms is not None else ""),
         ]
+        if self.agent_settings:
+            sets = ", ".join(f"{k}={v}" for k, v in self.agent_settings.items())
+            lines.append(f"  agent settings added: {sets}")
         for f in self.faults:
             said = []
             if f.flows:
@@ -146,6 +230,8 @@ class LabReport:
                 )
             head = f"  {f.at_s:7.3f} s  {f.what}: {'; '.join(said) or 'no flow measured'}"
             lines.append(head)
+            if f.job is not None:
+                lines.append(f"      job     {f.job.text()}")
             for g in f.flows:
                 if g.until_return and not self.linkguard:
                     how = (
@@ -160,6 +246,9 @@ class LabReport:
                 lines.append(f"      {g.role:7} {g.flow}  {how}, {g.lost} lost")
             if f.note:
                 lines.append(f"      ({f.note})")
+        if self.job is not None:
+            lines.append(self.job.text())
+            lines += [f"    failed: {x}" for x in self.job.failures]
         what = (
             "mismatches" if self.linkguard else "mismatches (expected breakage without linkguard)"
         )
@@ -178,6 +267,56 @@ class LabReport:
         if self.workdir:
             lines.append(f"  logs and flow records kept in {self.workdir}")
         return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LabPair:
+    """A job scenario's two halves from one ``sim lab`` run: ``with_linkguard`` (agents and
+    service) and ``without_linkguard`` (static routes, the ``--no-linkguard`` baseline), the
+    same scenario and job on a fresh lab each; either may be None when it was not run.
+    ``passed``: the with-linkguard half passed (the baseline's breakage is the finding)."""
+
+    with_linkguard: LabReport | None
+    without_linkguard: LabReport | None
+
+    @property
+    def passed(self) -> bool:
+        if self.with_linkguard is None:
+            return self.without_linkguard is not None and self.without_linkguard.passed
+        return self.with_linkguard.passed
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "with_linkguard": self.with_linkguard.to_dict() if self.with_linkguard else None,
+            "without_linkguard": (
+                self.without_linkguard.to_dict() if self.without_linkguard else None
+            ),
+            "passed": self.passed,
+        }
+
+    def text(self) -> str:
+        halves = [r for r in (self.with_linkguard, self.without_linkguard) if r is not None]
+        out = "".join(r.text() for r in halves)
+        w, wo = self.with_linkguard, self.without_linkguard
+        if w is None or wo is None or w.job is None or wo.job is None:
+            return out
+        lines = [
+            f"{w.scenario}: the job with and without linkguard (stall = longest step beyond "
+            "the median step; steps and rank failures in the fault's window)"
+        ]
+        for a, b in zip(w.faults, wo.faults, strict=False):
+            lines.append(f"  {a.at_s:7.3f} s  {a.what}")
+            lines.append(f"      with linkguard     {a.job.text() if a.job else '-'}")
+            lines.append(f"      without            {b.job.text() if b.job else '-'}")
+        ma, mb = w.job.median_step_ms, wo.job.median_step_ms
+        ratio = f" (ratio {ma / mb:.2f})" if ma and mb else ""
+        lines.append(
+            f"  steady-state step: {ma} ms with linkguard, {mb} ms without{ratio}; rank "
+            f"failures: {w.job.rank_failures} with, {wo.job.rank_failures} without"
+        )
+        verdict = "PASSED" if self.passed else "FAILED"
+        lines.append(f"  {w.scenario}: {verdict} (judged on the with-linkguard half)")
+        return out + "\n".join(lines) + "\n"
 
 
 def stderr_progress(t0: float | None = None) -> Callable[[str], None]:

@@ -39,6 +39,14 @@ their agents hold down counted as unusable.
 as a fabric without linkguard has them (each endpoint subnet via its home rail only), so a
 flow through a failed link stays broken until the link returns; the oracle's mismatches are
 then the expected breakage, not a failure.
+
+A scenario with a ``job:`` also gets a management network and runs a training job across the
+hosts (:mod:`linkguard.simulations.labjob`), started once the flows run and warm before the
+first fault, stopped after the last step settled; each fault then reports the job's stall,
+steps and rank failures, and with linkguard a rank failure (beyond ``job_rank_failures``, 0)
+or a stall above ``job_max_stall_ms`` fails the run. :func:`run_lab_halves` runs such a
+scenario with and without linkguard, one after the other, for one report
+(:class:`~linkguard.simulations.labreport.LabPair`).
 """
 
 from __future__ import annotations
@@ -64,7 +72,9 @@ from linkguard.bus import Bus
 from linkguard.config import ServiceSettings
 from linkguard.models import CableRef, FabricFaults, PortStateName, PortStatus, encode
 from linkguard.simulations.engine import ExpectResult
+from linkguard.simulations.jobspec import job_hosts
 from linkguard.simulations.lab import Lab
+from linkguard.simulations.labjob import LabJob, job_expectations, torch_problem
 from linkguard.simulations.labprocs import (
     UDPFLOW,
     Flow,
@@ -72,6 +82,7 @@ from linkguard.simulations.labprocs import (
     LabProcessError,
     Observer,
     Procs,
+    agent_overrides,
     observer_bus,
     roce_fabric,
     start_all,
@@ -79,7 +90,13 @@ from linkguard.simulations.labprocs import (
     until,
     write_configs,
 )
-from linkguard.simulations.labreport import FaultResult, FlowGap, LabReport, stderr_progress
+from linkguard.simulations.labreport import (
+    FaultResult,
+    FlowGap,
+    LabPair,
+    LabReport,
+    stderr_progress,
+)
 from linkguard.simulations.oracle import check, pairs_to_check
 from linkguard.simulations.scenario import Event, LoadedScenario, expand
 from linkguard.topology.fabric import Fabric
@@ -90,11 +107,13 @@ __all__ = [
     "MAX_LAB_RAILS",
     "FaultResult",
     "FlowGap",
+    "LabPair",
     "LabReport",
     "LabRunError",
     "check_lab_scenario",
     "choose_flows",
     "run_lab",
+    "run_lab_halves",
     "stderr_progress",
 ]
 
@@ -128,11 +147,21 @@ class LabRunError(RuntimeError):
     fabric too large); the message says why."""
 
 
-def check_lab_scenario(loaded: LoadedScenario, *, environment: bool = True) -> None:
+def check_lab_scenario(
+    loaded: LoadedScenario,
+    *,
+    environment: bool = True,
+    agent_settings: dict[str, object] | None = None,
+) -> None:
     """Raise :class:`LabRunError` when ``loaded`` cannot run on a lab: a fabric file, a fabric
-    too large or without rail-major endpoints; with ``environment``, also when this machine
-    lacks what the lab needs (root, iproute2, Mosquitto)."""
+    too large or without rail-major endpoints, agent settings (the scenario's, then
+    ``agent_settings``) the agent refuses; with ``environment``, also when this machine
+    lacks what the lab needs (root, iproute2, Mosquitto, and torch for a job)."""
     sc, fabric = loaded.scenario, loaded.fabric
+    try:
+        agent_overrides({**sc.agent_settings, **(agent_settings or {})})
+    except ValueError as exc:
+        raise LabRunError(f"{loaded.path}: {exc}") from None
     if sc.fabric.generate is None:
         raise LabRunError(
             f"{loaded.path}: the lab builds generated fabrics only (fabric: generate: {{...}}); "
@@ -157,6 +186,8 @@ def check_lab_scenario(loaded: LoadedScenario, *, environment: bool = True) -> N
         raise LabRunError("sim lab needs iproute2 (`ip`)")
     if not (shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")):
         raise LabRunError("sim lab needs Mosquitto (Debian package `mosquitto`)")
+    if sc.job is not None and (problem := torch_problem()):
+        raise LabRunError(f"{loaded.path}: {problem}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,6 +403,7 @@ class _LabRun:
         linkguard: bool,
         workdir: Path,
         progress: Callable[[str], None],
+        agent_settings: dict[str, object] | None = None,
     ) -> None:
         self.loaded = loaded
         sc = loaded.scenario
@@ -399,6 +431,9 @@ class _LabRun:
         self.probe_seq = 0
         self.t0 = 0.0
         self.events = expand(loaded)
+        #: the scenario's agent settings, then the caller's (dotted keys)
+        self.agent_settings = {**sc.agent_settings, **(agent_settings or {})}
+        self.job: LabJob | None = None
         svc = ServiceSettings()
         #: the service's back-off returns to QUIET after this long without a change (s)
         self.holddown_s = svc.solve_holddown_ms / 1000
@@ -416,6 +451,7 @@ class _LabRun:
             debounce_ms=(sc.debounce_ms if sc.debounce_ms is not None else svc.debounce_ms)
             if linkguard
             else None,
+            agent_settings=dict(self.agent_settings) if linkguard else {},
         )
 
     # -- setup ---------------------------------------------------------------------------------
@@ -425,7 +461,7 @@ class _LabRun:
         # Built on the loop's own thread, on purpose: a SIGINT/SIGTERM during the build is
         # handled once it returns, so teardown always knows every namespace and the broker (in a
         # worker thread a cancelled await left the build running, and its namespaces behind).
-        self.lab = Lab.from_fabric(f)
+        self.lab = Lab.from_fabric(f, management=self.sc.job is not None)
         self.broker = MosquittoProcess(self.workdir / "broker").start()
         if self.linkguard:
             self.cfgs = write_configs(
@@ -435,6 +471,7 @@ class _LabRun:
                 self.broker.port,
                 damping=self.sc.damping or DampingPolicy(),
                 debounce_ms=self.sc.debounce_ms,
+                agent_extra=agent_overrides(self.agent_settings),
             )
             self.bus = observer_bus(self.broker.port, self.obs)
             await self.bus.__aenter__()
@@ -464,6 +501,8 @@ class _LabRun:
             self.procs,
         )
         self.say(f"{len(self.flows)} UDP flows running")
+        if self.sc.job is not None:
+            await self._start_job()
         if self.linkguard:
             # a fabric that was stable: the service's solve back-off is back in QUIET, so the
             # first fault is solved after solve_initial_delay_ms, not after the long delay
@@ -475,6 +514,17 @@ class _LabRun:
                 return time.monotonic() - last >= hold
 
             await until(quiet, hold + 30, "a quiet bus before the first fault", self.procs)
+
+    async def _start_job(self) -> None:
+        assert self.lab is not None and self.sc.job is not None
+        spec = self.sc.job
+        hosts = job_hosts(spec, self.fabric)
+        self.job = LabJob(self.lab, self.workdir, spec, hosts, seed=self.sc.seed)
+        self.say(f"starting the job: {spec.kind}, {len(hosts)} ranks (one per host)")
+        self.job.start()
+        check = self.procs.check_alive if self.linkguard else (lambda: None)
+        await self.job.wait_warm(check)
+        self.say(f"the job completed {spec.warmup_steps} warm-up steps")
 
     def _static_routes(self) -> None:
         assert self.lab is not None
@@ -768,6 +818,10 @@ class _LabRun:
         await self._finish_wait(end)
         t_end = time.monotonic()
         self.t_end = t_end
+        if self.job is not None:  # the job runs to the scenario's end: steps after the faults
+            await self._sleep_until(end)
+            self.say("stopping the job")
+            await self.job.stop()
         self._measure(pending, steps, t_end)
 
     async def _sleep_until(self, t: float) -> None:
@@ -837,6 +891,8 @@ class _LabRun:
                 later = [t for t in fault_times if t > t_step + 1e-6]
                 window_end = min(later) if later else t_end
                 self._ack_timing(result, t_step, epoch0, window_end)
+        if self.job is not None:
+            self.report.job = self.job.measure([(r, t) for r, _, t, _ in pending], self.t0)
 
     def _step_targets(self, step: _Step) -> set[tuple[str, int]]:
         """The (host, rail) ports ``step`` takes down: its port downs, and the ports its switch
@@ -934,6 +990,8 @@ class _LabRun:
             r.expectations.append(
                 ExpectResult.plans_per_event(n, ex.max_plans_per_host_per_event, per="fault")
             )
+        if r.job is not None:
+            r.expectations += job_expectations(r, ex)
         if not self.linkguard and any(e.kind.split("_")[0] in _CONTROL for e in self.events):
             r.notes.append(
                 "broker, service and agent events have nothing to act on without linkguard"
@@ -951,6 +1009,8 @@ class _LabRun:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.bus.close(), 5)
         finally:
+            if self.job is not None:
+                self.job.kill()  # stopped by now unless the run failed; the lab reaps them
             for p in self.probers.values():
                 p.kill()
             try:
@@ -977,20 +1037,28 @@ async def run_lab(
     workdir: Path | None = None,
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
+    agent_settings: dict[str, object] | None = None,
 ) -> LabReport:
     """Replay ``loaded`` on a lab (module docstring) and return the :class:`LabReport`.
 
     ``workdir``: configs, logs and flow records go there (kept); default a temporary
-    directory, removed afterwards unless ``keep``. Everything the run started (namespaces,
+    directory, removed afterwards unless ``keep``. ``agent_settings``: added to the scenario's
+    (dotted keys, e.g. ``{"routes.rto_min_ms": 20}``). Everything the run started (namespaces,
     processes, the broker) is gone when it returns or raises, also on cancellation
     (Ctrl-C, SIGTERM through the caller). Raises :class:`LabRunError` when the scenario
     cannot run here, :class:`LabProcessError` when a process dies or a wait times out and
     :class:`~linkguard.simulations.lab.LabError` when the kernel refuses a lab change."""
-    check_lab_scenario(loaded)
+    check_lab_scenario(loaded, agent_settings=agent_settings)
     own = workdir is None
     wd = Path(tempfile.mkdtemp(prefix="linkguard-lab-")) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
-    run = _LabRun(loaded, linkguard=linkguard, workdir=wd, progress=progress or (lambda _: None))
+    run = _LabRun(
+        loaded,
+        linkguard=linkguard,
+        workdir=wd,
+        progress=progress or (lambda _: None),
+        agent_settings=agent_settings,
+    )
     started = time.monotonic()
     try:
         try:
@@ -1006,3 +1074,32 @@ async def run_lab(
     if not own or keep:
         report.workdir = str(wd)
     return report
+
+
+async def run_lab_halves(
+    loaded: LoadedScenario,
+    *,
+    halves: tuple[bool, ...] = (True, False),
+    workdir: Path | None = None,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+    agent_settings: dict[str, object] | None = None,
+) -> LabPair:
+    """Run ``loaded`` once per entry of ``halves`` (True: with linkguard, False: the
+    ``--no-linkguard`` baseline), each on a fresh lab, one after the other (one lab at a time
+    on a small machine); with a ``workdir`` each half gets its own subdirectory
+    (``with-linkguard``, ``without-linkguard``). Same errors as :func:`run_lab`."""
+    say = progress or (lambda _: None)
+    out: dict[bool, LabReport] = {}
+    for lg in halves:
+        name = "with-linkguard" if lg else "without-linkguard"
+        say(f"--- {loaded.scenario.name}: {name.replace('-', ' ')}")
+        out[lg] = await run_lab(
+            loaded,
+            linkguard=lg,
+            workdir=None if workdir is None else workdir / name,
+            keep=keep,
+            progress=progress,
+            agent_settings=agent_settings,
+        )
+    return LabPair(out.get(True), out.get(False))

@@ -21,6 +21,9 @@ A scenario file (times in seconds from the start of the run)::
       - {at_s: 2, kind: flap, host: gpu002, rail: 2, period_s: 2, duration_s: 10}
     expect:                          # optional: the oracle's options (:class:`Expect`)
       max_reroute_ms: 1000
+    job: {kind: torch-gloo}          # optional, sim lab only: a training job across the hosts
+                                     # (:class:`~linkguard.simulations.jobspec.JobSpec`)
+    agent_settings: {}               # optional, sim lab only: more settings for every agent
 
 Fault kinds (``kind``; every entry has ``at_s``): ``link_down``/``link_up`` {host, rail};
 ``flap`` {host, rail, period_s, duration_s, jitter_s}; ``port_cycle`` {host, rail, polling_s,
@@ -57,6 +60,7 @@ from linkguard.models import (
     SpinesPerSU,
     SwitchName,
 )
+from linkguard.simulations.jobspec import JobSpec, check_job, job_hosts
 from linkguard.topology.fabric import Fabric, check_servable, load_fabric
 
 __all__ = [
@@ -174,7 +178,11 @@ class Expect(_Model):
       those the fabric model says are reachable with the faults in force (False: not checked);
     - ``max_reroute_ms``: every down transition's time to the last ack (ms) is at most this;
     - ``max_plans_per_host_per_event``: no host receives more plans (epochs) than this for one
-      event (batching: a leaf reboot is one plan per host, not one per port).
+      event (batching: a leaf reboot is one plan per host, not one per port);
+    - ``job_max_stall_ms`` (needs ``job:``; sim lab, with linkguard): every fault's job stall
+      (the longest step beyond the median step, ms) is at most this;
+    - ``job_rank_failures`` (needs ``job:``; sim lab, with linkguard): at most this many ranks
+      fail; a job scenario checks 0 when it is not given.
 
     None: not checked.
     """
@@ -182,6 +190,8 @@ class Expect(_Model):
     reachability: bool = True
     max_reroute_ms: float | None = Field(None, gt=0, le=3_600_000)
     max_plans_per_host_per_event: int | None = Field(None, ge=1, le=1000)
+    job_max_stall_ms: float | None = Field(None, gt=0, le=3_600_000)
+    job_rank_failures: int | None = Field(None, ge=0, le=1024)
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,10 +377,18 @@ FAULT_KINDS: tuple[str, ...] = tuple(
 )
 
 
+#: An agent setting's name in ``agent_settings``: a key, or dotted keys into sections.
+_SETTING_KEY = r"^[a-z_][a-z0-9_]{0,63}(\.[a-z_][a-z0-9_]{0,63}){0,4}$"
+
+
 class Scenario(_Model):
     """One scenario file (module docstring). ``schema`` is ``version`` in Python.
     ``damping`` None: the agents' default policy; ``debounce_ms`` None: the service's
-    default. Checks against the fabric happen in :func:`load_scenario`."""
+    default. ``job``: a training job the lab runs (``sim lab`` only). ``agent_settings``:
+    settings added to every lab agent's config (``sim lab`` only; a key may be dotted,
+    ``routes.rto_min_ms: 20``; the agent validates them, and
+    :func:`~linkguard.simulations.labprocs.agent_overrides` refuses the ones the lab sets
+    itself). Checks against the fabric happen in :func:`load_scenario`."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -384,6 +402,17 @@ class Scenario(_Model):
     debounce_ms: float | None = Field(None, ge=0, le=10_000)
     timeline: list[Fault] = Field(default_factory=list, max_length=100_000)
     expect: Expect = Expect()
+    job: JobSpec | None = None
+    agent_settings: dict[Annotated[str, Field(pattern=_SETTING_KEY)], object] = Field(
+        default_factory=dict, max_length=64
+    )
+
+    @model_validator(mode="after")
+    def _job_expectations(self) -> Scenario:
+        for key in ("job_max_stall_ms", "job_rank_failures"):
+            if getattr(self.expect, key) is not None and self.job is None:
+                raise ValueError(f"expect.{key} needs a job: block (there is no job to measure)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -583,6 +612,8 @@ def _check(scenario: Scenario, fabric: Fabric) -> list[str]:
         events += _event_count(f, leaf_ports)
     if events > MAX_EVENTS:
         problems.append(f"timeline: {events:,} events; at most {MAX_EVENTS:,} per scenario")
+    if scenario.job is not None:
+        problems += check_job(scenario.job, fabric)
     if not problems:
         problems += _overlaps(scenario, leaf_ports)
     return problems
@@ -858,6 +889,13 @@ def summary_text(loaded: LoadedScenario, events: list[Event], *, first: int = 5)
         f"  duration {sc.duration_s:g} s, seed {sc.seed}, {entries}, "
         f"{len(events)} events: {per_kind}",
     ]
+    if sc.job is not None:
+        j = sc.job
+        lines.append(
+            f"  job: {j.kind}, {len(job_hosts(j, fabric))} ranks, {j.layers} x Linear({j.width}), "
+            f"compute {j.compute_ms:g} ms per step, collective timeout {j.timeout_s:g} s "
+            "(sim lab only)"
+        )
     if events and first:
         lines.append(f"  first {min(first, len(events))}:")
         lines += [f"    {e}" for e in events[:first]]

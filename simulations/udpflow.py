@@ -1,4 +1,4 @@
-"""UDP flows and reachability probes between GPU endpoints, run inside a lab host's namespace.
+"""UDP and TCP flows and reachability probes between GPU endpoints, in a lab host's namespace.
 
 A standalone script (standard library only, started by path with ``ip netns exec NS python
 udpflow.py ...``, so it starts fast and imports nothing from linkguard)::
@@ -9,6 +9,14 @@ udpflow.py ...``, so it starts fast and imports nothing from linkguard)::
       or would block (send buffer full behind a dead link) is a lost datagram
   udpflow.py recv ADDR PORT OUTFILE [ADDR PORT OUTFILE ...]
       one line "seq monotonic_s" per datagram received on ADDR:PORT, into OUTFILE
+  udpflow.py tcpsend INTERVAL_MS SRC DST PORT [SRC DST PORT ...]
+      one TCP connection per flow from SRC (bound to it, TCP_NODELAY) to DST:PORT, connecting
+      again until it succeeds; every INTERVAL_MS each writes one record (RECORD bytes: seq,
+      send time, padding). Records the kernel cannot take yet (a send buffer full behind a dead
+      path) wait in order in the sender and go as soon as it can: TCP loses nothing, it delays
+  udpflow.py tcprecv ADDR PORT OUTFILE [ADDR PORT OUTFILE ...]
+      listens on ADDR:PORT and writes one line "seq monotonic_s" per complete record received
+      (from any connection), into OUTFILE: a TCP flow's gap reads like a UDP flow's
   udpflow.py probe PORT ADDR [ADDR ...]
       echoes every datagram that reaches ADDR:PORT back to its sender (from ADDR), and probes on
       command from stdin: "p ID SRC DST" queues a probe from SRC to DST:PORT (DST runs the same
@@ -30,6 +38,8 @@ import time
 
 #: Probes not answered are sent again this often (s).
 PROBE_RETRY_S = 0.05
+#: Bytes of one TCP flow record: seq (8), send time (8), padding.
+RECORD = 64
 
 
 def send(interval_ms: float, flows: list[tuple[str, str, int]]) -> None:
@@ -70,6 +80,77 @@ def recv(flows: list[tuple[str, int, str]]) -> None:
             if len(data) >= 16:
                 seq, _ = struct.unpack("!Qd", data[:16])
                 key.data.write(f"{seq} {time.monotonic():.6f}\n")
+
+
+def _tcp_connect(src: str, dst: str, port: int) -> socket.socket:
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.bind((src, 0))
+        try:
+            s.connect((dst, port))
+        except OSError:  # the receiver is not listening yet, or no route yet
+            s.close()
+            time.sleep(0.05)
+            continue
+        s.setblocking(False)
+        return s
+
+
+def tcpsend(interval_ms: float, flows: list[tuple[str, str, int]]) -> None:
+    conns = [[_tcp_connect(src, dst, port), b""] for src, dst, port in flows]
+    seq = 0
+    interval = interval_ms / 1000
+    next_at = time.monotonic()
+    while True:
+        record = struct.pack("!Qd", seq, time.monotonic()).ljust(RECORD, b"\0")
+        for c in conns:
+            c[1] += record
+            try:
+                sent = c[0].send(c[1])
+                c[1] = c[1][sent:]
+            except BlockingIOError:
+                pass  # the kernel's buffer is full: the records wait here, in order
+        seq += 1
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            next_at = time.monotonic()
+
+
+def tcprecv(flows: list[tuple[str, int, str]]) -> None:
+    sel = selectors.DefaultSelector()
+    for addr, port, out in flows:
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((addr, port))
+        ls.listen(4)
+        sel.register(ls, selectors.EVENT_READ, ("listen", open(out, "w", buffering=1)))  # noqa: SIM115
+    bufs: dict[socket.socket, bytes] = {}
+    while True:
+        for key, _ in sel.select():
+            kind, f = key.data
+            s: socket.socket = key.fileobj  # type: ignore[assignment]
+            if kind == "listen":
+                conn, _ = s.accept()
+                bufs[conn] = b""
+                sel.register(conn, selectors.EVENT_READ, ("conn", f))
+                continue
+            data = s.recv(65536)
+            now = time.monotonic()
+            if not data:
+                sel.unregister(s)
+                s.close()
+                bufs.pop(s, None)
+                continue
+            buf = bufs[s] + data
+            while len(buf) >= RECORD:
+                seq, _ = struct.unpack("!Qd", buf[:16])
+                f.write(f"{seq} {now:.6f}\n")
+                buf = buf[RECORD:]
+            bufs[s] = buf
 
 
 class Prober:
@@ -170,10 +251,18 @@ def main(argv: list[str]) -> None:
         )
     elif mode == "recv":
         recv([(args[i], int(args[i + 1]), args[i + 2]) for i in range(0, len(args), 3)])
+    elif mode == "tcpsend":
+        rest = args[1:]
+        tcpsend(
+            float(args[0]),
+            [(rest[i], rest[i + 1], int(rest[i + 2])) for i in range(0, len(rest), 3)],
+        )
+    elif mode == "tcprecv":
+        tcprecv([(args[i], int(args[i + 1]), args[i + 2]) for i in range(0, len(args), 3)])
     elif mode == "probe":
         Prober(int(args[0]), args[1:]).run()
     else:
-        raise SystemExit(f"unknown mode {mode!r} (send, recv, probe)")
+        raise SystemExit(f"unknown mode {mode!r} (send, recv, tcpsend, tcprecv, probe)")
 
 
 if __name__ == "__main__":
