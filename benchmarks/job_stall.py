@@ -81,10 +81,11 @@ ASSUMPTIONS = (
     "{down:g} s. Stall = the longest step a fault owns minus the median step. The job's "
     "traffic is IP (Gloo over TCP), which a route change moves at once (as NCCL's socket "
     "transport, IPoIB, storage); RDMA queue pairs do not move (DESIGN.md, 'Jobs: what moves "
-    "and what does not'). Gloo's connecting sockets are not bound to the endpoint: their "
-    "source is the local rail address. Before the applier fix of issue 19 (flush the lost "
-    "rail's neighbour entries, routes with src = the GPU endpoint, optional rto_min) TCP "
-    "stalls until a retransmission after the link returns, with linkguard too."
+    "and what does not'). Gloo's connecting sockets are not bound: they take their source from "
+    "linkguard's routes (src = the local GPU endpoint; the job starts after the first plans), "
+    "and the agents flush the neighbour entries a reroute leaves stale (routes.source, "
+    "routes.neighbour_flush: the defaults); routes.rto_min_ms as the agent settings say "
+    "(unset: Linux's 200 ms minimum RTO)."
 )
 
 

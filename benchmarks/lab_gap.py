@@ -21,9 +21,9 @@ failed rail and out of it, link down -> last ack (ms), and where the time goes: 
 the agent's port state on the bus (detection and publish), -> the fast-path ack, -> the first
 new plan on the bus (the service's initial delay, solve, publish), -> the last ack (apply on
 every host), and the TCP gaps each way with how many faults saw both TCP flows deliver again
-before the link came back (a TCP gap of seconds, TCP's retransmission back-off, is the known
-applier bug of issue 19: the segment sent just before the reroute waits on the dead rail's
-unresolved ARP entry, until the fix flushes it). The target is p99 < 50 ms
+before the link came back (a TCP gap of seconds, TCP's retransmission back-off, means the
+segment sent just before the reroute waited on the dead rail's unresolved ARP entry: the
+agents' ``routes.neighbour_flush`` deletes it). The target is p99 < 50 ms
 for the UDP gap; whether it is met is printed next to it. ``--service
 solve_initial_delay_ms=0`` (repeatable) runs the service with other settings, ``--agent-set
 routes.rto_min_ms=20`` the agents (a setting this linkguard's agent must know), to see what a

@@ -21,12 +21,10 @@ minimum retransmission timeout on the route, include/net/tcp.h ``tcp_rto_min``).
 is not a local address of the namespace is left out (the kernel would refuse the route with
 EINVAL), logged once per address as ``route_src_not_local``.
 
-After a reroute, packets already handed to the lost path wait in the neighbour (ARP) queue of
-an unresolved entry on the old netdev, and TCP does not retransmit a segment that is still in
-the host's queues (net/ipv4/tcp_output.c, ``skb_still_in_host_queue``): the connection stalls
-until the old path answers again. :meth:`RouteTable.neighbours` and
-:meth:`RouteTable.delete_neighbours` let the applier drop the entries a route change left
-behind (the decision is :func:`linkguard.agent.applier.stale_neighbours`).
+After a reroute, packets already parked on the lost rail's unresolved neighbour (ARP) entries
+keep a TCP connection stalled; :meth:`RouteTable.neighbours` and
+:meth:`RouteTable.delete_neighbours` (:mod:`linkguard.drivers.neighbours`) let the applier drop
+them.
 
 On-link routes (no gateway) are written as ``ip route`` writes them: one netdev with scope
 link, several as an RTA_MULTIPATH list of equal-weight nexthops (scope universe; the kernel
@@ -51,12 +49,13 @@ from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
 
+from linkguard.drivers import neighbours
+from linkguard.drivers.neighbours import Neighbour, netlink_message
 from linkguard.drivers.netlink import open_iproute
 
 __all__ = [
     "Destination",
     "KernelRoute",
-    "Neighbour",
     "NotPermittedError",
     "ReconcileResult",
     "RouteTable",
@@ -89,11 +88,6 @@ KINDS = ("unicast", "unreachable")
 #: tcp_rto_min() reads RTAX_RTO_MIN (ms) only when its bit is set, as ``ip route`` sets it.
 RTAX_RTO_MIN = 13
 RTO_MIN_LOCK = 1 << RTAX_RTO_MIN
-#: Neighbour states (include/uapi/linux/neighbour.h).
-NUD_NONE = 0x00
-NUD_INCOMPLETE = 0x01
-NUD_NOARP = 0x40
-NUD_PERMANENT = 0x80
 
 #: A route's destination: an address for a /32, a network for any other prefix length.
 Destination = IPv4Address | IPv4Network
@@ -205,29 +199,6 @@ class ReconcileResult:
 
 
 @dataclass(frozen=True)
-class Neighbour:
-    """One IPv4 neighbour (ARP) entry: ``address`` on ``netdev``, ``state`` the kernel's NUD_*
-    bits (include/uapi/linux/neighbour.h: 0x01 INCOMPLETE, 0x02 REACHABLE, 0x04 STALE, 0x08
-    DELAY, 0x10 PROBE, 0x20 FAILED, 0x40 NOARP, 0x80 PERMANENT)."""
-
-    address: IPv4Address
-    netdev: str
-    state: int
-
-    @property
-    def permanent(self) -> bool:
-        """Set by hand or by the kernel for good (PERMANENT, NOARP): never deleted here."""
-        return bool(self.state & (NUD_PERMANENT | NUD_NOARP))
-
-    @property
-    def holds_packets(self) -> bool:
-        """Unresolved (INCOMPLETE, or NONE: just created): the one state in which the kernel
-        queues packets on the entry instead of sending them (net/core/neighbour.c,
-        ``__neigh_event_send``)."""
-        return self.state == NUD_NONE or bool(self.state & NUD_INCOMPLETE)
-
-
-@dataclass(frozen=True)
 class _Entry:
     """A kernel route of the table with what deleting exactly it needs."""
 
@@ -303,8 +274,12 @@ class RouteTable:
         self.rule_priority = rule_priority
         self.prefixes: tuple[IPv4Network, ...] = tuple(IPv4Network(p) for p in prefixes)
         self._ipr: AsyncIPRoute | None = None
-        #: local IPv4 addresses of the namespace, as of the last :meth:`reconcile`
+        #: local IPv4 addresses of the namespace: dumped at the first :meth:`reconcile` and
+        #: again whenever a route's ``src`` is not among them (an address added later)
         self._local: frozenset[IPv4Address] | None = None
+        #: ifindex -> netdev name, as of the last link dump (the neighbour calls reuse it: a
+        #: flush follows a route change, which just dumped the links)
+        self._names: dict[int, str] | None = None
         self._src_refused: set[IPv4Address] = set()  # route_src_not_local said once each
 
     async def __aenter__(self) -> RouteTable:
@@ -367,7 +342,7 @@ class RouteTable:
             if exc.code != errno.EPERM:
                 raise
             raise NotPermittedError(
-                f"the kernel refused linkguard's ip rule ({_message(exc)}): the agent needs "
+                f"the kernel refused linkguard's ip rule ({netlink_message(exc)}): the agent needs "
                 "CAP_NET_ADMIN for its rules and its route table: run it as root or grant the "
                 "capability (deploy/systemd/linkguard-agent.service: AmbientCapabilities="
                 "CAP_NET_ADMIN)"
@@ -396,7 +371,8 @@ class RouteTable:
     # -- routes ---------------------------------------------------------------------------
 
     async def _netdevs(self) -> dict[int, str]:
-        return {m["index"]: m.get("ifname") async for m in await self.ipr.link("dump")}
+        self._names = {m["index"]: m.get("ifname") async for m in await self.ipr.link("dump")}
+        return self._names
 
     async def _entries(self, names: dict[int, str]) -> dict[Destination, list[_Entry]]:
         out: dict[Destination, list[_Entry]] = {}
@@ -431,7 +407,10 @@ class RouteTable:
         result = ReconcileResult()
         names = await self._netdevs()
         index = {name: idx for idx, name in names.items()}
-        self._local = await self._local_addresses()
+        if self._local is None or any(
+            r.src is not None and r.src not in self._local for r in desired
+        ):  # addresses rarely change: dumped once, and again only when a src is not known
+            self._local = await self._local_addresses()
         desired = self._usable_src(desired)
         current = await self._entries(names)
         for want in desired:
@@ -483,7 +462,7 @@ class RouteTable:
                 )
             except NetlinkError as exc:
                 if exc.code != errno.ESRCH:  # already gone
-                    result.errors.append((dest, f"delete: {_message(exc)}"))
+                    result.errors.append((dest, f"delete: {netlink_message(exc)}"))
                 continue
             result.deleted += 1
         return self._report("routes_updated", result, started)
@@ -517,45 +496,18 @@ class RouteTable:
             out.append(r)
         return out
 
-    # -- neighbours -----------------------------------------------------------------------
+    # -- neighbours (linkguard.drivers.neighbours) --------------------------------------
 
     async def neighbours(self, netdevs: Iterable[str] | None = None) -> list[Neighbour]:
         """The IPv4 neighbour entries of the namespace (of ``netdevs`` only, when given)."""
-        names = await self._netdevs()
-        wanted = None if netdevs is None else set(netdevs)
-        out = []
-        async for m in await self.ipr.neigh("dump", family=AF_INET):
-            name, dst = names.get(m["ifindex"]), m.get("dst")
-            if name is None or dst is None or (wanted is not None and name not in wanted):
-                continue
-            out.append(Neighbour(IPv4Address(dst), name, m["state"]))
-        return out
+        names = self._names if self._names is not None else await self._netdevs()
+        return await neighbours.dump(self.ipr, names, netdevs)
 
     async def delete_neighbours(self, entries: Iterable[Neighbour]) -> int:
-        """Delete ``entries`` (``ip neigh del ADDR dev NETDEV``), never a permanent one; one
-        already gone is not an error. Returns how many were deleted; other refusals are
-        logged (``neighbour_delete_failed``), never raised."""
-        index = {name: idx for idx, name in (await self._netdevs()).items()}
-        deleted = 0
-        for n in entries:
-            if n.permanent or n.netdev not in index:
-                continue
-            try:
-                await self.ipr.neigh(
-                    "del", dst=str(n.address), ifindex=index[n.netdev], family=AF_INET
-                )
-            except NetlinkError as exc:
-                if exc.code != errno.ENOENT:
-                    log.warning(
-                        "neighbour_delete_failed",
-                        netns=self.netns,
-                        address=str(n.address),
-                        netdev=n.netdev,
-                        error=_message(exc),
-                    )
-                continue
-            deleted += 1
-        return deleted
+        """Delete ``entries``, never a permanent one (:func:`neighbours.delete`). Returns how
+        many were deleted; refusals are logged, never raised."""
+        names = self._names if self._names is not None else await self._netdevs()
+        return await neighbours.delete(self.ipr, names, entries, self.netns)
 
     def _report(self, event: str, result: ReconcileResult, started: float) -> ReconcileResult:
         """Stamp the elapsed time, log the summary and one warning per refused route."""
@@ -610,7 +562,14 @@ class RouteTable:
         try:
             await self.ipr.route("replace", table=self.table, **args)
         except NetlinkError as exc:
-            result.errors.append((want.destination, _message(exc)))
+            if exc.code == errno.EINVAL and want.src is not None:
+                # the source address went away since it was last seen: without it, as
+                # for any src that is not local (said once)
+                self._local = await self._local_addresses()
+                if want.src not in self._local:
+                    (fixed,) = self._usable_src([want])
+                    return await self._replace(fixed, index, result)
+            result.errors.append((want.destination, netlink_message(exc)))
             return False
         return True
 
@@ -630,7 +589,7 @@ class RouteTable:
                     scope=RT_SCOPE_NOWHERE,
                 )
             except NetlinkError as exc:
-                result.errors.append((e.route.destination, f"delete: {_message(exc)}"))
+                result.errors.append((e.route.destination, f"delete: {netlink_message(exc)}"))
                 continue
             if count:
                 result.deleted += 1
@@ -658,7 +617,10 @@ class RouteTable:
                 deleted += 1
             except NetlinkError as exc:
                 log.warning(
-                    "route_flush_failed", netns=self.netns, dst=m.get("dst"), error=_message(exc)
+                    "route_flush_failed",
+                    netns=self.netns,
+                    dst=m.get("dst"),
+                    error=netlink_message(exc),
                 )
         for dst, dst_len in sorted(await self._our_rules()):
             await self.ipr.rule("del", **self._rule_args(dst, dst_len))
@@ -668,7 +630,3 @@ class RouteTable:
 
 class NotPermittedError(PermissionError):
     """The kernel refused a route or rule change for lack of privilege (EPERM)."""
-
-
-def _message(exc: NetlinkError) -> str:
-    return f"{exc.args[1] if len(exc.args) > 1 else exc} (errno {exc.code})"

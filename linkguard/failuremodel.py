@@ -46,17 +46,20 @@ TCP_RTO_MIN_S = 0.2
 TCP_RTO_MAX_S = 120.0
 
 #: The job stall (s) an IP job (Gloo, NCCL's socket transport, IPoIB) takes when linkguard
-#: reroutes its link: derived, not yet measured. The data-plane gap measured in the namespace lab
-#: (p99 48.4 ms, ``benchmarks/lab_gap.py``, 4 hosts x 4 rails, 2 cores, rounded up to 50 ms:
-#: :attr:`FailureModel.reroute_floor_s`) ends before Linux's first retransmission, which comes
-#: :data:`TCP_RTO_MIN_S` = 200 ms after the lost segment. Replace it with the p99 job stall of
-#: the lab job benchmark (``benchmarks/job_stall.py``, a real PyTorch Gloo job in the lab) with
-#: ``--ip-stall-from FILE`` or ``--ip-stall-ms``, or ``FailureModel(ip_stall_s=...)``.
-IP_STALL_S = 0.2
+#: reroutes its link, measured: the p99 of a real PyTorch DDP job's stalls over Gloo through 20
+#: host link faults on a 4 x 4 namespace lab (``benchmarks/job_stall.py``, its output kept in
+#: ``benchmarks/results/job_stall.json``: p50 29.2 ms, p99 253.4 ms, 0 rank failures; the
+#: 2-core CI machine, 2026-12-04; the agents' default routes settings). About one TCP
+#: retransmission timeout (:data:`TCP_RTO_MIN_S`) when a fault catches a segment on the wire,
+#: tens of ms when it does not. Replace it with ``--ip-stall-from FILE`` (that benchmark's JSON)
+#: or ``--ip-stall-ms``, or ``FailureModel(ip_stall_s=...)``; with ``routes.rto_min_ms: 20`` the
+#: same benchmark measured p99 99.2 ms (``benchmarks/results/job_stall_rto_min_20.json``).
+IP_STALL_S = 0.2534
 #: Where :data:`IP_STALL_S` comes from, printed next to every figure that uses it.
 IP_STALL_SOURCE = (
-    "derived: the lab's 50 ms data-plane gap (benchmarks/lab_gap.py p99) ends at Linux's first "
-    "TCP retransmission, 200 ms; not yet measured on a job (benchmarks/job_stall.py)"
+    "measured: p99 of a PyTorch DDP job's stalls over Gloo through 20 host link faults on a "
+    "4x4 namespace lab (benchmarks/job_stall.py, benchmarks/results/job_stall.json, 2-core "
+    "machine)"
 )
 
 #: Where ``--ip-stall-from FILE`` reads the measured stall: the lab job benchmark's JSON output

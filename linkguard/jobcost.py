@@ -75,6 +75,7 @@ __all__ = [
     "Cost",
     "Link",
     "Outage",
+    "PricedTransports",
     "TransportCost",
     "assumptions",
     "fused_rails",
@@ -501,6 +502,26 @@ class TransportCost:
             ),
             "assumes": self.assumes,
         }
+
+
+class PricedTransports:
+    """For a report that prices its outages per transport (``transports``: transport -> its
+    :class:`TransportCost`, in the order printed): the costs its top-level figures repeat."""
+
+    transports: dict[str, TransportCost]
+
+    @property
+    def transport(self) -> str:
+        """The transport the top-level figures repeat: the only one priced, else ``ip``."""
+        return next(iter(self.transports)) if len(self.transports) == 1 else "ip"
+
+    @property
+    def with_linkguard(self) -> Cost:
+        return self.transports[self.transport].with_linkguard
+
+    @property
+    def without_linkguard(self) -> Cost:
+        return self.transports[self.transport].without_linkguard
 
 
 def price_transports(

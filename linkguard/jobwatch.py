@@ -151,11 +151,11 @@ def retransmit_timeout_s(environ: Mapping[str, str] | None = None) -> float:
 
 
 def selects(value: str | None, device: str, port: int) -> bool:
-    """Whether NCCL (``net_ib/init.cc``, ``matchIfList``) uses ``device:port`` under
+    """Whether NCCL (2.x, ``net_ib/init.cc`` with ``matchIfList``) uses ``device:port`` under
     ``NCCL_IB_HCA=value``: None or an empty list selects all; ``^`` first negates; ``=`` next
     makes entries exact names, else each entry is a name prefix; an entry without ``:port``
-    matches every port. (The same rule as :func:`linkguard.nccl.hca_selects`, repeated here to
-    keep this module stdlib-only.)"""
+    matches every port. The one copy of this rule: :mod:`linkguard.nccl` imports it
+    (``hca_selects``) from here, which keeps this module stdlib-only."""
     if value is None:
         return True
     negate = value.startswith("^")

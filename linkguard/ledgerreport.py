@@ -56,6 +56,7 @@ from linkguard.jobcost import (
     TRANSPORTS,
     Cost,
     Outage,
+    PricedTransports,
     TransportCost,
     assumptions,
     generated_fused_rails,
@@ -104,7 +105,7 @@ def _zero_cost() -> Cost:
 
 
 @dataclass
-class LedgerReport:
+class LedgerReport(PricedTransports):
     """The report over one window (module docstring); times in s, money in the price's
     currency. :meth:`to_dict` is the JSON form."""
 
@@ -150,19 +151,6 @@ class LedgerReport:
     @property
     def gpu_days(self) -> float:
         return self.gpus * self.duration_s / 86400
-
-    @property
-    def transport(self) -> str:
-        """The transport the top-level figures repeat: the only one priced, else ``ip``."""
-        return next(iter(self.transports)) if len(self.transports) == 1 else "ip"
-
-    @property
-    def with_linkguard(self) -> Cost:
-        return self.transports[self.transport].with_linkguard
-
-    @property
-    def without_linkguard(self) -> Cost:
-        return self.transports[self.transport].without_linkguard
 
     @property
     def interruptions_avoided(self) -> int:

@@ -58,6 +58,7 @@ from xml.etree import ElementTree as ET
 
 import structlog
 
+from linkguard.jobwatch import selects as hca_selects
 from linkguard.models import HostInventory, Plan, PortState, PortStatus
 
 __all__ = [
@@ -219,30 +220,6 @@ def ib_hca(verdicts: Sequence[PortVerdict]) -> str | None:
     device: write ``NCCL_IB_DISABLE=1`` instead)."""
     names = [v.nccl_name for v in sorted(verdicts, key=lambda v: v.rail) if v.usable]
     return "=" + ",".join(names) if names else None
-
-
-def hca_selects(value: str | None, device: str, port: int) -> bool:
-    """Whether NCCL (2.x, ``net_ib/init.cc`` with ``matchIfList``) uses ``device:port`` under
-    ``NCCL_IB_HCA=value``: None or an empty list selects all; ``^`` first negates; ``=`` next
-    makes entries exact names, else each entry is a name prefix; an entry without ``:port``
-    matches every port."""
-    if value is None:
-        return True
-    negate = value.startswith("^")
-    rest = value[1:] if negate else value
-    exact = rest.startswith("=")
-    rest = rest[1:] if exact else rest
-    entries = [e for e in rest.split(",") if e]
-    if not entries:
-        return not negate
-    hit = False
-    for e in entries:
-        name, _, p = e.partition(":")
-        ok_name = device == name if exact else device.startswith(name)
-        if ok_name and (not p or (p.isdigit() and int(p) == port)):
-            hit = True
-            break
-    return hit != negate
 
 
 # -- fused NICs for NCCL's port failover ---------------------------------------------------------

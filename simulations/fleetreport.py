@@ -39,6 +39,7 @@ from linkguard.jobcost import (
     Cost,
     Link,
     Outage,
+    PricedTransports,
     TransportCost,
     fused_rails,
     needless,
@@ -203,7 +204,7 @@ def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, obj
 
 
 @dataclass
-class FleetReport:
+class FleetReport(PricedTransports):
     """One fleet run (module docstring). :meth:`to_dict` is the JSON form (schema
     :data:`REPORT_SCHEMA`), :meth:`text` a table per transport. ``transports``: transport ->
     its costs (:class:`~linkguard.jobcost.TransportCost`), in the order printed; ``transport``:
@@ -231,19 +232,6 @@ class FleetReport:
     oracle: dict[str, object]
     wall_s: float | None = None
     returns: list[dict[str, object]] = field(default_factory=list, repr=False)
-
-    @property
-    def transport(self) -> str:
-        """The transport the top-level costs repeat: the only one priced, else ``ip``."""
-        return next(iter(self.transports)) if len(self.transports) == 1 else "ip"
-
-    @property
-    def with_linkguard(self) -> Cost:
-        return self.transports[self.transport].with_linkguard
-
-    @property
-    def without_linkguard(self) -> Cost:
-        return self.transports[self.transport].without_linkguard
 
     def to_dict(self) -> dict[str, object]:
         m = self.model

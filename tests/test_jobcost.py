@@ -6,10 +6,11 @@ collective timeout, the benchmark's JSON, fused pairs."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from linkguard.failuremodel import FailureModel, ip_stall_from_json
+from linkguard.failuremodel import IP_STALL_S, FailureModel, ip_stall_from_json
 from linkguard.jobcost import (
     Link,
     Outage,
@@ -141,8 +142,8 @@ def test_ip_prices_tcp_the_reroute_and_the_collective_timeout() -> None:
     assert (c.interruptions, c.stalls, c.idle_s) == (0, 1, 684.6)
     c, _ = price(long_, FailureModel(collective_timeout_s=600), linkguard=False, **kw)
     assert (c.interruptions, c.idle_s) == (1, 2250.0)
-    c, _ = price(long_, FailureModel(), linkguard=True, **kw)  # rerouted: 0.2 s
-    assert (c.stalls, c.idle_s) == (1, 0.2)
+    c, _ = price(long_, FailureModel(), linkguard=True, **kw)  # rerouted: the measured stall
+    assert (c.stalls, c.idle_s) == (1, IP_STALL_S) == (1, 0.2534)
     c, _ = price(long_, FailureModel(ip_stall_s=0.35), linkguard=True, **kw)  # measured
     assert c.idle_s == 0.35
     # a reroute that took 2 s: broken 2 s, TCP resumes at 3.0 s; one that took 5 s on a 3 s
@@ -190,3 +191,11 @@ def test_fused_pairs_are_nccl_envs() -> None:
     assert (six[0], six[3], six[2], six[5]) == ((0, 1), (3, 4), (2, 5), (2, 5))
     fabric = generate_rail_optimized(hosts=2, rails=8)
     assert fused_rails(fabric.hosts[0]) == generated_fused_rails(8)
+
+
+def test_the_ip_stall_constant_is_the_benchmark_result_it_cites() -> None:
+    """IP_STALL_S names benchmarks/results/job_stall.json as its source: they agree."""
+    result = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "job_stall.json"
+    seconds, note = ip_stall_from_json(result.read_text(), source=str(result))
+    assert seconds == pytest.approx(IP_STALL_S)
+    assert str(result) in note

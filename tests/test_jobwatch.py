@@ -245,6 +245,7 @@ def test_reconnects_and_a_loss_during_the_gap_fires(sock_dir: Path, watches) -> 
 
 
 def test_bad_lines_are_logged_and_skipped(server: LineServer, watches, caplog) -> None:
+    caplog.set_level("INFO", logger="linkguard.jobwatch")  # whatever level an earlier test left
     watch = started(watches, server.path, environ={"NCCL_IB_HCA": "mlx5_1"}, reconnect_s=0.01)
     wait_for(lambda: server.conns, "a connection")
     server.send(b"not json\n", b"[1, 2]\n", b'{"kind": "change", "ports_down": "mlx5_1/1"}\n')
@@ -297,6 +298,7 @@ def test_with_port_failover_only_a_second_loss_in_a_fused_nic_fires(
 ) -> None:
     """The environment `linkguard exec --profile failover` gives (the real NcclFiles' fused
     pairs of an 8-rail host): NCCL survives one loss per fused NIC, so only the second fires."""
+    caplog.set_level("INFO", logger="linkguard.jobwatch")
     host = Host(NCCL_FABRIC.host(HOST))
     NcclFiles(tmp_path).update(host.inv, host.states(), host.plan())
     env = parse_env_file((tmp_path / "nccl-failover.env").read_text()).env

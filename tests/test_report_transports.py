@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from linkguard.cli import main
+from linkguard.failuremodel import IP_STALL_S
 from linkguard.ledger import Ledger
 from linkguard.simulations.engine import WALL0
 from linkguard.topology.changes import ChangeFeed
@@ -144,9 +145,12 @@ def test_a_service_ledger_prices_each_transport(tmp_path: Path) -> None:
     # ip without: TCP's next retransmission: 10 s -> 12.6, 1 s -> 1.4 (x3), 600 s -> 684.6
     # twice (3000..3784.6: 784.6), 60 s -> 102.2
     assert (ip.without_linkguard.stalls, ip.without_linkguard.idle_s) == (7, 903.6)
-    # with: 0.2 s per rerouted outage, nothing for the held-down flap downs, and gpu003 left
-    # with no rail at 3100 stalls as without (684.6; 3000..3000.2 apart)
-    assert (ip.with_linkguard.stalls, ip.with_linkguard.idle_s) == (5, pytest.approx(685.4))
+    # with: IP_STALL_S (0.2534 s) per rerouted outage, nothing for the held-down flap downs,
+    # and gpu003 left with no rail at 3100 stalls as without (684.6; 3000..3000.2534 apart)
+    assert (ip.with_linkguard.stalls, ip.with_linkguard.idle_s) == (
+        5,
+        pytest.approx(684.6 + 4 * IP_STALL_S),
+    )
     # nccl-ib without: 10 s -> 3 T; flap: T each (1000..1004 + T); 600 s at 3000: restart at
     # B (3000..4680.06; 3100 comes while it restarts); 60 s at 5000: restart
     c = ib.without_linkguard
@@ -209,7 +213,9 @@ def test_cli_transport_and_ip_stall(hand_ledger: Path, tmp_path: Path) -> None:
     assert got["transports"]["ip"]["with_linkguard"]["idle_s"] == pytest.approx(7 * 0.4125)
     assert str(bench) in got["transports"]["ip"]["assumes"]
     csv_text = _report(hand_ledger, tmp_path / "r.csv", "--format", "csv", "--transport", "ip")
-    assert "with_linkguard,ip,idle_s,1.4" in csv_text and ",nccl-ib," not in csv_text
+    row = next(r for r in csv_text.splitlines() if r.startswith("with_linkguard,ip,idle_s,"))
+    assert float(row.rsplit(",", 1)[1]) == pytest.approx(7 * IP_STALL_S)
+    assert ",nccl-ib," not in csv_text
 
 
 def test_sim_fleet_takes_the_transport_options(

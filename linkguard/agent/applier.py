@@ -40,7 +40,8 @@ from typing import Protocol
 import structlog
 
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
-from linkguard.drivers.routes import Destination, KernelRoute, Neighbour, ReconcileResult
+from linkguard.drivers.neighbours import Neighbour
+from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, PeerRoutes, Plan, decode, expand_plan
 from linkguard.signing import SignatureError, Verifier, unwrap
 
@@ -275,8 +276,8 @@ class Applier:
         refused too); None: restored unverified. ``route_source``: routes carry a local GPU
         endpoint as ``src`` (:func:`endpoint_sources`); ``rto_min_ms``: a locked TCP
         ``rto_min`` on every unicast route (ms; None: the kernel's 200 ms);
-        ``neighbour_flush``: delete the neighbour entries a change leaves stale
-        (:func:`stale_neighbours`) after every table change (module docstring)."""
+        ``neighbour_flush``: remember each table change, so that :meth:`flush_stale` deletes
+        the neighbour entries it left stale (:func:`stale_neighbours`; module docstring)."""
         self.host = host
         self.verifier = verifier
         self.require_signed = require_signed
@@ -285,6 +286,8 @@ class Applier:
         self.neighbour_flush = neighbour_flush
         #: neighbour entries deleted after route changes, since start
         self.neighbours_flushed = 0
+        #: the installed table before each change not yet followed by :meth:`flush_stale`
+        self._unflushed: list[dict[Destination, KernelRoute]] = []
         self.table = table
         self.netdevs = set(netdevs)
         self.prefixes = list(prefixes)
@@ -459,34 +462,43 @@ class Applier:
             {d: r for d, r in desired.items() if d not in failed},
         )
         if self.neighbour_flush and before != self.installed:
-            await self._flush_neighbours(before)
+            self._unflushed.append(before)
         said = (eff.rail_assignments, eff.fast_path_ports)  # all the rail map says but epoch
         if said != self._rail_map_said or not self.rail_map_path.exists():
             doc = rail_map(self.host, self.plan.epoch, eff)
             atomic_write(self.rail_map_path, json.dumps(doc, indent=2) + "\n")
             self._rail_map_said = said
 
-    async def _flush_neighbours(self, before: Mapping[Destination, KernelRoute]) -> None:
-        """Delete the neighbour entries ``before`` used and :attr:`installed` does not; a
-        kernel error is logged, never raised (the routes are in place either way)."""
-        netdevs = lost_netdevs(before, self.installed)
+    async def flush_stale(self) -> int:
+        """Delete the neighbour entries the table changes since the last call left stale
+        (:func:`stale_neighbours` of each table before a change against the one in place
+        now); returns how many. Kept apart from the change itself so that the caller can
+        send the ack and the port state first (the wiring module runs it right after); a
+        kernel error is logged (``neighbour_flush_failed``), never raised: the routes are in
+        place either way, and TCP then waits for the old path as before."""
+        befores, self._unflushed = self._unflushed, []
+        netdevs = set().union(*(lost_netdevs(b, self.installed) for b in befores))
         if not netdevs:
-            return
+            return 0
         try:
             entries = await self.table.neighbours(netdevs)
-            stale = stale_neighbours(before, self.installed, entries)
+            found: set[Neighbour] = set()
+            for b in befores:
+                found.update(stale_neighbours(b, self.installed, entries))
+            stale = [n for n in entries if n in found]
             if not stale:
-                return
+                return 0
             deleted = await self.table.delete_neighbours(stale)
         except Exception as exc:  # a failed flush costs TCP one stall, never the apply
             log.warning("neighbour_flush_failed", error=repr(exc)[:500])
-            return
+            return 0
         self.neighbours_flushed += deleted
         log.info(
             "neighbours_flushed",
             deleted=deleted,
             entries=[f"{n.address}@{n.netdev}" for n in stale[:16]],
         )
+        return deleted
 
     def _summary(self) -> dict[str, object]:
         r = self.last_result

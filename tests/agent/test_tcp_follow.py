@@ -18,7 +18,8 @@ from linkguard.agent.applier import (
     stale_neighbours,
 )
 from linkguard.agent.plans import Effective
-from linkguard.drivers.routes import KernelRoute, Neighbour
+from linkguard.drivers.neighbours import Neighbour
+from linkguard.drivers.routes import KernelRoute
 from linkguard.drivers.simulated import MemoryRouteTable
 from linkguard.models import RailAssignment
 from linkguard.topology.fabric import generate_rail_optimized
@@ -228,6 +229,7 @@ async def test_the_fast_path_flushes_the_lost_rails_entries(tmp_path: Path) -> N
     a = _applier(tmp_path, table, rto_min_ms=20)
     await a.start()
     assert (await a.apply(plan)).result == "applied"
+    assert await a.flush_stale() == 0
     assert table.deleted == []  # nothing was in use before the first plan
     own = FABRIC.host("gpu000").endpoints
     srcs = {r.src for r in table.routes.values() if r.kind == "unicast"}
@@ -235,7 +237,10 @@ async def test_the_fast_path_flushes_the_lost_rails_entries(tmp_path: Path) -> N
     assert {r.rto_min_ms for r in table.routes.values() if r.kind == "unicast"} == {20}
     fast = await a.port_down("mlx5_0/1")
     assert fast is not None and fast.result == "applied" and fast.fast_path
+    assert table.deleted == []  # the flush is the caller's next step, after the ack
+    assert await a.flush_stale() == 1
     assert table.deleted == [parked] and a.neighbours_flushed == 1
+    assert await a.flush_stale() == 0  # once
 
 
 async def test_no_flush_when_switched_off_and_a_failed_flush_never_fails_the_apply(
@@ -248,15 +253,17 @@ async def test_no_flush_when_switched_off_and_a_failed_flush_never_fails_the_app
     await a.start()
     await a.apply(plan)
     assert (await a.port_down("mlx5_0/1")).result == "applied"  # type: ignore[union-attr]
+    assert await a.flush_stale() == 0
     assert off.deleted == [] and a.neighbours_flushed == 0
     assert {r.src for r in off.routes.values()} == {None}
     broken = _Kernelish([], fail=True)
     b = _applier(tmp_path / "broken", broken)
     await b.start()
     await b.apply(plan)
-    with capture_logs() as logs:
-        ack = await b.port_down("mlx5_0/1")
+    ack = await b.port_down("mlx5_0/1")
     assert ack is not None and ack.result == "applied"
+    with capture_logs() as logs:
+        assert await b.flush_stale() == 0
     assert [e["error"] for e in logs if e["event"] == "neighbour_flush_failed"] == [
         "OSError('netlink: no buffer space')"
     ]

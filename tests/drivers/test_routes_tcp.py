@@ -145,3 +145,20 @@ async def test_neighbours_listed_and_deleted(lab: Lab) -> None:
         left = {(str(n.address), n.netdev) for n in await rt.neighbours()}
     assert ("10.200.7.7", "rail0") not in left
     assert {("10.200.7.8", "rail0"), ("10.200.7.7", "rail1")} <= left
+
+
+async def test_a_src_removed_after_it_was_seen_is_dropped_at_the_next_write(lab: Lab) -> None:
+    ns = lab.hosts[0].netns
+    src = lab.hosts[0].endpoints[1]  # 10.200.0.2 on lo
+    first = KernelRoute(IPv4Network("10.200.1.0/24"), netdev="rail0", src=src)
+    async with RouteTable(table=TABLE, netns=ns, prefixes=PREFIXES) as rt:
+        assert (await rt.reconcile([first])).errors == []
+        ip(ns, "addr", "del", f"{src}/32", "dev", "lo")  # the kernel drops the route with it
+        moved = KernelRoute(IPv4Network("10.200.1.0/24"), netdev="rail1", src=src)
+        with structlog.testing.capture_logs() as logs:
+            res = await rt.update([moved])  # the fast path: no address dump before it
+        assert res.errors == [] and res.replaced == 1
+        assert await rt.dump() == {
+            moved.destination: KernelRoute(moved.destination, netdev="rail1")
+        }
+    assert [e["src"] for e in logs if e["event"] == "route_src_not_local"] == [str(src)]

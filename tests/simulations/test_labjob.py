@@ -241,8 +241,11 @@ def test_agent_settings_become_nested_config_checked_by_the_agent(tmp_path: Path
     }
     with pytest.raises(ValueError, match="the lab sets route_table itself"):
         agent_overrides({"route_table": 7})
-    with pytest.raises(ValueError, match=r"this agent refuses them: routes: Extra inputs"):
-        agent_overrides({"routes.rto_min_ms": 20})  # not on this branch yet: refused up front
+    assert agent_overrides({"routes.rto_min_ms": 20}) == {"routes": {"rto_min_ms": 20}}
+    with pytest.raises(ValueError, match=r"this agent refuses them: turbo: Extra inputs"):
+        agent_overrides({"turbo.mode": 1})  # not a setting of the agent: refused up front
+    with pytest.raises(ValueError, match=r"routes.rto_min_ms: Input should be greater than or"):
+        agent_overrides({"routes.rto_min_ms": 0})  # out of range: refused up front
     with pytest.raises(ValueError, match="probes is given a value and a section"):
         agent_overrides({"probes": 1, "probes.rate_pps": 2})
     lab = SimpleNamespace(hosts=[SimpleNamespace(netns="lgx h0"), SimpleNamespace(netns="h1")])
@@ -258,9 +261,9 @@ def test_agent_settings_become_nested_config_checked_by_the_agent(tmp_path: Path
 
 def test_cli_agent_set_is_checked_before_anything_is_built(capsys) -> None:
     path = str(SCENARIOS_DIR / "job-link-down.yaml")
-    assert main(["sim", "lab", path, "--agent-set", "routes.rto_min_ms=20"]) == 2
+    assert main(["sim", "lab", path, "--agent-set", "routes.rto_min_ms=0"]) == 2
     err = capsys.readouterr().err
-    assert "agent settings routes.rto_min_ms=20: this agent refuses them: routes: Extra" in err
+    assert "agent settings routes.rto_min_ms=0: this agent refuses them: routes.rto_min_ms:" in err
     with pytest.raises(SystemExit) as info:
         main(["sim", "lab", path, "--agent-set", "no-equals-sign"])
     assert info.value.code == 2

@@ -49,7 +49,10 @@ def test_the_report_shows_every_table_with_its_assumptions(tmp_path: Path) -> No
     blocks = text.split("\ntransport ")[1:]
     assert [b.split()[0] for b in blocks] == ["ip", "nccl-ib", "nccl-ib-failover"]
     ip, ib, fo = (" ".join(b.split()) for b in blocks)  # the text as one line each
-    assert "TCP resumes at its first retransmission" in ip and "0.2 s (derived" in ip
+    assert (
+        "TCP resumes at its first retransmission" in ip
+        and "0.2534 s (measured: p99 of a PyTorch DDP job's stalls" in ip
+    )
     assert "with linkguard without interruptions" in ip
     assert "with linkguard fail fast at once without interruptions" in ib
     assert "NCCL's budget 7 x 4.29 s = 30.1 s" in ib and "down 4.29 s (+0.1 s" in ib
