@@ -99,8 +99,13 @@ async def test_a_probe_drained_port_and_its_verdict_in_every_view() -> None:
             agents,
             targets,
             victim_lossy,
-            lambda: service.state.probe_suspect == {(VICTIM.host, VICTIM.rail)},
-            "the probe verdict",
+            # a verdict may be raised on a round that reached the service in part (7 of its
+            # 8 witnesses, as seen on a loaded CI machine); it holds with every one after
+            lambda: (
+                service.state.probe_suspect == {(VICTIM.host, VICTIM.rail)}
+                and [v["witnesses"] for v in service.probe_verdicts()] == [8]
+            ),
+            "the probe verdict with its 8 witnesses",
         )
         # /ports: drained_by beside the port's own status, and as a filter
         page = await _get(client, "/api/v1/ports", drained_by="probe")
