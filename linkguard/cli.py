@@ -102,6 +102,8 @@ def _ip_stall_file(text: str) -> tuple[float, str]:
 
 def _add_transport_args(p: argparse.ArgumentParser) -> None:
     """``--transport``, ``--ip-stall-from`` / ``--ip-stall-ms`` of ``sim fleet`` and ``report``."""
+    from linkguard.failuremodel import IP_STALL_MAX_MS
+
     p.add_argument(
         "--transport",
         choices=TRANSPORT_CHOICES,
@@ -120,7 +122,7 @@ def _add_transport_args(p: argparse.ArgumentParser) -> None:
     )
     stall.add_argument(
         "--ip-stall-ms",
-        type=_positive(float, lo=0, hi=3_600_000),
+        type=_positive(float, lo=0, hi=IP_STALL_MAX_MS),
         metavar="MS",
         help="the ip transport's stall per rerouted outage, in ms (default: "
         "linkguard.failuremodel.IP_STALL_S)",
@@ -655,7 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile failover the fused-NIC layout for NCCL >= 2.29.7's port failover. Without "
         "--host: what this host's agent wrote next to its rail map (nccl.json). With --host: "
         "rendered from the topology service's API (its plan and port states of that host).",
-        epilog="Exit codes: 0 done, 1 nothing rendered yet or the service unreachable, 2 bad "
+        epilog="Exit codes: 0 done, 1 nothing rendered yet, no agent running (its files may "
+        "be stale: --allow-stale) or the service unreachable, 2 bad "
         "arguments or configuration, an unknown host. Warnings (a fused NIC that already lost "
         "a port) go to stderr with --format env/shell. Use: set -a; . /run/linkguard/nccl.env; "
         'or eval "$(linkguard nccl env --format shell)".',
@@ -676,6 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["plain", "failover"],
         default="plain",
         help="plain: NCCL_IB_HCA (+ NCCL_TOPO_FILE); failover: fused NICs with port failover",
+    )
+    ne.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="print the agent's files though no agent holds agent.lock (the agent is not "
+        "running: they may name a lost rail; without this, exit 1 as linkguard exec's 75)",
     )
 
     from linkguard.jobenv import add_arguments as exec_arguments
@@ -1349,14 +1358,19 @@ async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) 
 def _sim_check(args: argparse.Namespace) -> int:
     """``sim check``: a summary per valid file on stdout, an error per invalid one on stderr;
     0 when all are valid, else 2."""
+    from linkguard.simulations.labprocs import agent_overrides
     from linkguard.simulations.scenario import ScenarioError, expand, load_scenario, summary_text
 
     code = 0
     for path in args.files:
         try:
             loaded = load_scenario(path)
+            agent_overrides(loaded.scenario.agent_settings)  # as sim lab checks them
         except ScenarioError as exc:
             code = _fail(str(exc), 2)
+            continue
+        except ValueError as exc:
+            code = _fail(f"{path}: {exc}", 2)
             continue
         sys.stdout.write(summary_text(loaded, expand(loaded), first=args.events))
     return code
@@ -1618,6 +1632,7 @@ def _nccl_env(args: argparse.Namespace) -> int:
     import json
 
     from linkguard.config import AgentSettings, ConfigError, load_settings
+    from linkguard.jobenv import AGENT_LOCK, agent_running
     from linkguard.nccl import NcclFiles, env_lines
 
     if args.host is None:
@@ -1636,6 +1651,12 @@ def _nccl_env(args: argparse.Namespace) -> int:
             )
         except (OSError, ValueError) as exc:
             return _fail(f"nccl env: cannot read {path}: {exc}", 1)
+        if not args.allow_stale and agent_running(path.parent) is False:
+            return _fail(
+                f"nccl env: no agent holds {path.parent / AGENT_LOCK} (the agent is not "
+                f"running), so {path.name} may be stale; --allow-stale prints it anyway",
+                1,
+            )
     else:
         try:
             if not args.api.startswith(("http://", "https://")):

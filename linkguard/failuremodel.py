@@ -26,6 +26,7 @@ from dataclasses import dataclass
 __all__ = [
     "FAIL_FAST_DETECT_S",
     "IP_STALL_KEY",
+    "IP_STALL_MAX_MS",
     "IP_STALL_S",
     "IP_STALL_SOURCE",
     "TCP_RTO_MAX_S",
@@ -67,6 +68,8 @@ IP_STALL_SOURCE = (
 #: the p99 of the job's stalls (ms, a finite number >= 0) over the faults linkguard rerouted.
 #: Other keys are ignored.
 IP_STALL_KEY = ("with_linkguard", "stall_ms", "p99")
+#: the largest IP stall accepted (ms, an hour: --ip-stall-ms and --ip-stall-from alike)
+IP_STALL_MAX_MS = 3_600_000.0
 
 #: Seconds from an RDMA port going down to the fail-fast helper failing the job (s). The
 #: agent's sysfs reader puts a port that went DOWN on the bus 84 ms later (README "Agent
@@ -357,6 +360,6 @@ def ip_stall_from_json(text: str, *, source: str) -> tuple[float, str]:
         node = node[k]
     if isinstance(node, bool) or not isinstance(node, int | float):
         raise ValueError(f"{source}: {path} is {node!r}, not a number of ms")
-    if not math.isfinite(node) or node < 0:
-        raise ValueError(f"{source}: {path} is {node!r}, must be a finite number of ms >= 0")
+    if not math.isfinite(node) or not 0 <= node <= IP_STALL_MAX_MS:
+        raise ValueError(f"{source}: {path} is {node!r}, must be 0..{IP_STALL_MAX_MS:.0f} ms")
     return node / 1000, f"p99 job stall {node:g} ms, {path} of {source}"

@@ -8,8 +8,7 @@ them). Pure: no clock, no I/O. It lives in ``linkguard/`` so the ledger report c
 without importing the simulations.
 
 One synchronous job runs on every GPU; an outage that stops one rank stops them all. Times in s.
-What linkguard can do depends on how the job's traffic travels (DESIGN.md, "Jobs: what moves
-and what does not"):
+What linkguard can do depends on how the job's traffic travels (README, "Jobs"):
 
 ``ip`` (Gloo, NCCL's socket transport, IPoIB): a reroute moves the traffic at once.
   Without linkguard the job stalls until TCP's first retransmission at or after the link's
@@ -300,9 +299,10 @@ def _price_ip(
             if moved is None:
                 continue  # its ports were already out of use: traffic was elsewhere
             tail = model.tcp_stall_s(moved) if moved < o.down_s else None
-            if tail is not None:
-                rerouted = max(tail, model.ip_stall_s)
-                # the link's own return ends the stall too: never longer than without
+            rerouted = None if tail is None else max(tail, model.ip_stall_s)
+            # a stall past the collective timeout fails the job as without linkguard; the
+            # link's own return ends the stall too: never longer than without
+            if rerouted is not None and rerouted <= model.collective_timeout_s:
                 stall = rerouted if stall is None else min(stall, rerouted)
         if stall is not None:
             tally.stall(i, o.at_s, stall)

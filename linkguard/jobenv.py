@@ -300,8 +300,9 @@ def merge(
     key the settings set replaces the job's value (they are the rails usable now; the job's
     value was fixed when the job was written), unless ``keep_env``: then a key the job set
     explicitly keeps the job's value. Keys the settings do not set are left as the job has
-    them, except (profile ``failover``, not ``keep_env``) the :data:`FUSION_KEYS`, which the
-    failover file owns. Pure."""
+    them, except (profile ``failover``) the :data:`FUSION_KEYS`, which the failover file
+    owns: one it does not set is removed, or with ``keep_env`` kept and listed in ``kept``
+    with linkguard's value ``""`` (unset). Pure."""
     env = dict(environ)
     out = Merged(env)
     for key, ours in settings.items():
@@ -313,9 +314,12 @@ def merge(
         if theirs is not None and theirs != ours:
             out.replaced.append((key, theirs, ours))
         env[key] = ours
-    if profile == "failover" and not keep_env:
+    if profile == "failover":
         for key in FUSION_KEYS:
             if key not in settings and key in env:
+                if keep_env:  # kept, and said: its fusion may be of a pair that lost a port
+                    out.kept.append((key, env[key], ""))
+                    continue
                 del env[key]
                 out.removed.append(key)
     return out
@@ -449,7 +453,13 @@ def prepare(
     for key, theirs, ours in merged.replaced:
         note(f"{key}={theirs} replaced by {ours} (rails usable now; --keep-env keeps the job's)")
     for key, theirs, ours in merged.kept:
-        note(f"{key}={theirs} kept (--keep-env), linkguard's is {ours}")
+        if ours:
+            note(f"{key}={theirs} kept (--keep-env), linkguard's is {ours}")
+        else:
+            note(
+                f"{key}={theirs} kept (--keep-env), though {doc.path.name} does not set it: a "
+                "fusion of a pair that lost a port is fatal at its next loss"
+            )
     for key in merged.removed:
         note(f"{key} removed: {doc.path.name} fuses no group that lost a port")
     return command, merged.env

@@ -83,6 +83,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -191,7 +192,11 @@ class RailLost(RuntimeError):
         super().__init__(self._text())
 
     def _text(self) -> str:
-        delay = "" if self.delay_ms is None else f", {self.delay_ms:.1f} ms after the agent saw it"
+        delay = (
+            ""
+            if self.delay_ms is None
+            else f", heard {self.delay_ms:.1f} ms after the agent saw it"
+        )
         return (
             f"rail lost on {self.change.get('host')}: {', '.join(self.ports)} "
             f"(agent change seq {self.change.get('seq')}, reason {self.change.get('reason')}"
@@ -583,13 +588,19 @@ def _ports(doc: Mapping[str, Any], lists: Iterable[str]) -> set[str] | None:
     return out
 
 
+#: an HCA name as sysfs lists it (/sys/class/infiniband/<name>: mlx5_0, ibp12s0, rxe_eth0)
+_HCA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def _selector(ports: Iterable[str] | None, env: Mapping[str, str]) -> tuple[str | None, bool, str]:
     """(``NCCL_IB_HCA``-style selector, whether any IB port is in use, why not)."""
     if ports is not None:
+        if isinstance(ports, str):
+            raise TypeError(f"ports={ports!r}: give a list of ports (['mlx5_0:1']), not a str")
         names = []
         for p in ports:
             hca, sep, port = p.replace("/", ":").partition(":")
-            if not hca or (sep and not port.isdigit()):
+            if not _HCA_NAME.fullmatch(hca) or (sep and not port.isdigit()):
                 raise ValueError(f"port {p!r}: give hca:port, hca/port or hca")
             names.append(f"{hca}:{port}" if sep else hca)
         if not names:

@@ -79,7 +79,9 @@ def torch_problem() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return (
             f"this scenario's job needs PyTorch in {sys.executable}: "
-            f"pip install {TORCH_PIN} (the CPU build; or pip install 'linkguard[lab]')"
+            f"pip install {TORCH_PIN} --index-url https://download.pytorch.org/whl/cpu "
+            "(PyTorch's CPU build; from PyPI this pin is the multi-GB CUDA build on x86_64 "
+            "Linux, unless a local wheel of the CPU build is on pip's path)"
         )
     return None
 

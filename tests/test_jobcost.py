@@ -146,6 +146,10 @@ def test_ip_prices_tcp_the_reroute_and_the_collective_timeout() -> None:
     assert (c.stalls, c.idle_s) == (1, IP_STALL_S) == (1, 0.2534)
     c, _ = price(long_, FailureModel(ip_stall_s=0.35), linkguard=True, **kw)  # measured
     assert c.idle_s == 0.35
+    # a rerouted stall past the collective timeout fails the job with linkguard too
+    over = FailureModel(ip_stall_s=700, collective_timeout_s=600)
+    c, _ = price(long_, over, linkguard=True, **kw)
+    assert (c.interruptions, c.stalls, c.idle_s) == (1, 0, 2250.0)
     # a reroute that took 2 s: broken 2 s, TCP resumes at 3.0 s; one that took 5 s on a 3 s
     # outage landed after the link was back: as without (3.0 s), and needless
     slow = Outage(0, "link_down", 0.0, 10.0, 1, reroute_ms=2000.0)
@@ -177,8 +181,10 @@ def test_the_benchmark_json_gives_the_ip_stall() -> None:
         ('{"with_linkguard": {"stall_ms": {"p50": 1}}}', "no with_linkguard.stall_ms.p99"),
         ('{"with_linkguard": {"stall_ms": {"p99": "fast"}}}', "is 'fast', not a number of ms"),
         ('{"with_linkguard": {"stall_ms": {"p99": true}}}', "is True, not a number of ms"),
-        ('{"with_linkguard": {"stall_ms": {"p99": -3}}}', "must be a finite number of ms >= 0"),
-        ('{"with_linkguard": {"stall_ms": {"p99": NaN}}}', "must be a finite number of ms >= 0"),
+        ('{"with_linkguard": {"stall_ms": {"p99": -3}}}', r"is -3, must be 0\.\.3600000 ms"),
+        ('{"with_linkguard": {"stall_ms": {"p99": NaN}}}', r"is nan, must be 0\.\.3600000 ms"),
+        # as --ip-stall-ms: at most an hour
+        ('{"with_linkguard": {"stall_ms": {"p99": 5e9}}}', r"is 5000000000\.0, must be 0\.\."),
     ):
         with pytest.raises(ValueError, match=msg):
             ip_stall_from_json(text, source="stall.json")

@@ -111,6 +111,13 @@ def test_failover_file_owns_the_fusion_variables() -> None:
     assert set(m.removed) <= set(FUSION_KEYS)
     plain = merge(job, {"NCCL_IB_HCA": WITHOUT_3})  # the plain profile leaves them alone
     assert plain.env["NCCL_NET_FORCE_MERGE"] == "mlx5_2:1,mlx5_3:1"
+    # --keep-env keeps the job's fusion, and says so (linkguard's value: unset)
+    kept = merge(job, {"NCCL_IB_HCA": WITHOUT_3}, profile="failover", keep_env=True)
+    assert kept.env == {**job, "NCCL_IB_HCA": WITHOUT_3} and kept.removed == []
+    assert kept.kept == [
+        ("NCCL_IB_MERGE_NICS", "1", ""),
+        ("NCCL_NET_FORCE_MERGE", job["NCCL_NET_FORCE_MERGE"], ""),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -178,6 +185,32 @@ def test_exec_failover_profile(host: Host, run: Path) -> None:
     assert shown(lg_exec("--dir", str(run), "--profile", "default", "--", *SHOW)) == {
         "NCCL_IB_HCA": ALL8
     }
+    # a port of mlx5_2+mlx5_3 lost: the file fuses that pair no more; the job's own fusion of
+    # it is removed, or with --keep-env kept and said
+    host.down(3)
+    NcclFiles(run).update(host.inv, host.states(), host.plan())
+    stale = {"NCCL_NET_FORCE_MERGE": "mlx5_2:1,mlx5_3:1"}
+    args = ("--dir", str(run), "--profile", "failover")
+    out = lg_exec(*args, "--", *SHOW, env={"NCCL_IB_MERGE_NICS": "1", **stale})
+    assert shown(out)["NCCL_NET_FORCE_MERGE"] == "mlx5_0:1,mlx5_1:1;mlx5_4:1,mlx5_5:1;" + (
+        "mlx5_6:1,mlx5_7:1"
+    )
+    out = lg_exec(*args, "--keep-env", "--", *SHOW, env=stale)
+    assert shown(out)["NCCL_NET_FORCE_MERGE"] == "mlx5_2:1,mlx5_3:1"
+    assert (
+        "NCCL_NET_FORCE_MERGE=mlx5_2:1,mlx5_3:1 kept (--keep-env), linkguard's is "
+        "mlx5_0:1,mlx5_1:1;mlx5_4:1,mlx5_5:1;mlx5_6:1,mlx5_7:1"
+    ) in out.stderr
+    for rail in (0, 4, 6):  # every pair lost a port: the file fuses nothing
+        host.down(rail)
+    NcclFiles(run).update(host.inv, host.states(), host.plan())
+    out = lg_exec(*args, "--keep-env", "--", *SHOW, env=stale)
+    assert shown(out)["NCCL_NET_FORCE_MERGE"] == "mlx5_2:1,mlx5_3:1"
+    assert (
+        "NCCL_NET_FORCE_MERGE=mlx5_2:1,mlx5_3:1 kept (--keep-env), though nccl-failover.env "
+        "does not set it: a fusion of a pair that lost a port is fatal at its next loss"
+    ) in out.stderr
+    assert "NCCL_NET_FORCE_MERGE" not in shown(lg_exec(*args, "--", *SHOW, env=stale))
 
 
 def test_no_current_plan_exits_75(host: Host, tmp_path: Path) -> None:

@@ -279,6 +279,10 @@ def test_ip_transports_have_nothing_to_watch(server: LineServer, watches) -> Non
     assert given.watching and given.selector == "=mlx5_3:1,mlx5_2:1"  # explicit ports win
     with pytest.raises(ValueError, match="give hca:port, hca/port or hca"):
         RailWatch(server.path, ports=["mlx5_0:x"])
+    with pytest.raises(ValueError, match=r"port 'bogus spec!': give hca:port"):
+        RailWatch(server.path, ports=["bogus spec!"])
+    with pytest.raises(TypeError, match=r"ports='mlx5_0:1': give a list of ports"):
+        RailWatch(server.path, ports="mlx5_0:1")
     with pytest.raises(ValueError, match="lost_on"):
         RailWatch(server.path, lost_on=["gone"])  # type: ignore[list-item]
 

@@ -23,6 +23,7 @@ import yaml
 from linkguard.agent.monitor import DampingPolicy, PortMonitor
 from linkguard.config import ApiSettings, BusSettings
 from linkguard.drivers.simulated import active_port
+from linkguard.jobenv import AgentLock
 from linkguard.models import HCAInfo, HostInventory, PhysState, PortStateName, PortStatus
 from linkguard.nccl import (
     NcclFiles,
@@ -406,6 +407,13 @@ def test_cli_reads_the_agents_files(host: Host, tmp_path: Path) -> None:
     host.down(3)
     host.up(3)
     NcclFiles(run).update(host.inv, host.states(), host.plan())
+    # files, but no agent running: they may name a lost rail (as linkguard exec's exit 75)
+    out = _cli("-c", str(cfg))
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"no agent holds {run}/agent.lock (the agent is not running)" in out.stderr
+    stale = _cli("-c", str(cfg), "--allow-stale")
+    assert stale.returncode == 0 and stale.stdout.startswith("NCCL_IB_HCA==mlx5_0:1,")
+    lock = AgentLock(run)
     out = _cli("-c", str(cfg))
     assert out.returncode == 0, out.stderr
     assert out.stdout == (
@@ -427,6 +435,7 @@ def test_cli_reads_the_agents_files(host: Host, tmp_path: Path) -> None:
     assert doc["failover"]["min_nccl_version"] == "2.29.7"
     out = _cli("-c", str(tmp_path / "missing.yaml"))
     assert out.returncode == 2 and "missing.yaml" in out.stderr
+    lock.release()
 
 
 FLEET = generate_rail_optimized(hosts=4, rails=4, hosts_per_su=4)

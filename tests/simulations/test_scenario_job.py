@@ -123,6 +123,23 @@ def test_agent_settings_keys(tmp_path: Path) -> None:
     )
 
 
+def test_sim_check_refuses_agent_settings_the_agent_refuses(tmp_path: Path, capsys) -> None:
+    """What ``sim lab`` would refuse before building a lab, ``sim check`` refuses too."""
+    cases = {
+        "nonsense": ({"nonsense": 1}, "nonsense"),
+        "host": ({"host": "x"}, "agent setting host: the lab sets host itself"),
+        "rto": ({"routes.rto_min_ms": "x"}, "routes.rto_min_ms"),
+    }
+    for name, (settings, message) in cases.items():
+        (tmp_path / name).mkdir()
+        path = write(tmp_path / name, base_doc(agent_settings=settings))
+        assert main(["sim", "check", str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert str(path) in err and message in err, err
+    fine = write(tmp_path, base_doc(agent_settings={"routes.rto_min_ms": 20}))
+    assert main(["sim", "check", str(fine)]) == 0
+
+
 def test_sim_check_prints_the_job(capsys) -> None:
     assert main(["sim", "check", str(SCENARIOS_DIR / "job-link-down.yaml")]) == 0
     out = capsys.readouterr().out
