@@ -8,7 +8,7 @@ in ``errors``; a driver never raises for a bad value of one port.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -78,6 +78,6 @@ class PortObservation:
 class PortSource(Protocol):
     """An async source of port observations."""
 
-    def watch(self) -> AsyncIterator[list[PortObservation]]:
+    def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         """Snapshot first, then changes. Runs until cancelled."""
         ...

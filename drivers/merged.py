@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from linkguard.drivers.base import PortObservation, PortSource
@@ -42,7 +42,7 @@ class CarrierMergedSource:
             errors=p.errors + tuple(e for e in c.errors if e not in p.errors),
         )
 
-    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+    async def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         queue: asyncio.Queue[tuple[str, list[PortObservation]]] = asyncio.Queue()
 
         async def pump(tag: str, source: PortSource) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,7 @@ class NetlinkPortSource:
 
     # -- the source -----------------------------------------------------------------------
 
-    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+    async def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         """Snapshot of every configured port, then lists of the ports whose reading changed.
 
         Runs until cancelled. Raises :class:`NetnsNotFoundError` if the namespace is missing.
@@ -212,7 +212,7 @@ class NetlinkPortSource:
         ipr: AsyncIPRoute,
         index_of: dict[str, int],
         last: dict[tuple[str, int], PortObservation],
-    ) -> AsyncIterator[list[PortObservation]]:
+    ) -> AsyncGenerator[list[PortObservation], None]:
         """Link events until the socket overflows (then returns, so the caller re-dumps)."""
         while True:
             try:

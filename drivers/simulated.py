@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from dataclasses import replace
 from ipaddress import IPv4Network
+from typing import Any
 
 from linkguard.drivers.base import PortObservation
 from linkguard.drivers.routes import (
@@ -52,10 +53,11 @@ class SimulatedPortSource:
         self._ports = {p.key: p for p in ports}
         self._queue: asyncio.Queue[list[PortObservation]] = asyncio.Queue()
 
-    def set(self, hca: str, port: int = 1, **fields: object) -> PortObservation:
-        """Change fields of one port (``state=PortStateName.DOWN``, ``phys_state=...``)."""
+    def set(self, hca: str, port: int = 1, **fields: Any) -> PortObservation:
+        """Change fields of one port (``state=PortStateName.DOWN``, ``phys_state=...``): any
+        :class:`PortObservation` field (``dataclasses.replace`` refuses other names)."""
         key = f"{hca}/{port}"
-        obs = replace(self._ports[key], monotonic=time.monotonic(), **fields)  # type: ignore[arg-type]
+        obs = replace(self._ports[key], monotonic=time.monotonic(), **fields)
         self._ports[key] = obs
         self._queue.put_nowait([obs])
         return obs
@@ -78,7 +80,7 @@ class SimulatedPortSource:
             carrier=True if self._ports[f"{hca}/{port}"].carrier is not None else None,
         )
 
-    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+    async def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         yield list(self._ports.values())
         while True:
             yield await self._queue.get()

@@ -35,7 +35,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -202,12 +202,12 @@ def parse_phys_state(text: str) -> tuple[PhysState | None, str | None]:
                 return value, None
         return None, f"unparsable {_short(text)}"
     num, name = int(m.group(1)), m.group(2)
-    value = _PHYS_BY_NUM.get(num)
-    if value is None:
+    phys = _PHYS_BY_NUM.get(num)
+    if phys is None:
         return None, f"unknown phys_state number {num} {_short(text)}"
-    if _norm(name) != _norm(value.value):
-        return value, f"text {_short(name)} does not match {num} ({value.value})"
-    return value, None
+    if _norm(name) != _norm(phys.value):
+        return phys, f"text {_short(name)} does not match {num} ({phys.value})"
+    return phys, None
 
 
 def parse_rate(text: str) -> tuple[float | None, str | None]:
@@ -1033,7 +1033,7 @@ class SysfsIBSource:
         else:
             loop.call_soon_threadsafe(self._wake.set)
 
-    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+    async def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         """First a full snapshot (``[]`` when the RDMA stack is not loaded), then every
         ``interval_s`` the ports whose reading changed (no yield when nothing changed). A removed
         device's ports come once with ``state=None`` and an ``ENOENT (device removed)`` error.

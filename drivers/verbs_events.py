@@ -34,7 +34,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -458,7 +458,7 @@ class VerbsTriggeredSource:
         self.source = source
         self.reader = reader
 
-    async def watch(self) -> AsyncIterator[list[PortObservation]]:
+    async def watch(self) -> AsyncGenerator[list[PortObservation], None]:
         task = asyncio.create_task(self._reader(), name="verbs-events")
         try:
             async with contextlib.aclosing(self.source.watch()) as it:

@@ -35,7 +35,7 @@ def _broker_class() -> type:
         ``handler.start()``), so agents would receive each other's plans. Serve a client only
         the retained messages of filters it subscribed to itself."""
 
-        async def _publish_retained_messages_for_subscription(self, subscription, session):  # type: ignore[no-untyped-def]
+        async def _publish_retained_messages_for_subscription(self, subscription, session):
             subscribers = self._subscriptions.get(subscription[0], ())
             if any(s is session for s, _ in subscribers):
                 await super()._publish_retained_messages_for_subscription(subscription, session)

@@ -32,11 +32,20 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import aiomqtt
 import structlog
 
-__all__ = ["Bus", "BusConnectTimeout", "BusMessage", "SubscriptionRefused", "TlsConfig", "Will"]
+__all__ = [
+    "Bus",
+    "BusConnectTimeout",
+    "BusMessage",
+    "BusSession",
+    "SubscriptionRefused",
+    "TlsConfig",
+    "Will",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -182,6 +191,21 @@ class SubscriptionRefused(aiomqtt.MqttError):
     def __init__(self, topics: list[str], broker: str) -> None:
         super().__init__(f"subscription refused by {broker}: {', '.join(topics)}")
         self.topics = topics
+
+
+class BusSession(Protocol):
+    """What the agent, the topology service and the simulations use of a bus session:
+    :class:`Bus`, the simulations' :class:`~linkguard.membus.MemoryBus` and the service's
+    :class:`~linkguard.topology.leader.FencedBus` (a bus behind the leadership fence)."""
+
+    @property
+    def connected(self) -> asyncio.Event: ...
+    async def run(self) -> None: ...
+    async def close(self) -> None: ...
+    async def wait_connected(self, timeout: float) -> None: ...
+    async def publish(
+        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+    ) -> bool: ...
 
 
 class Bus:

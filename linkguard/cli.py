@@ -35,8 +35,13 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from linkguard import __version__
+
+if TYPE_CHECKING:  # the commands import what they run when they run
+    from linkguard.simulations.engine import RunReport
+    from linkguard.simulations.live import LiveReport
 
 __all__ = ["main"]
 
@@ -129,7 +134,12 @@ def _add_transport_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
+class _ModelOverrides(TypedDict, total=False):
+    ip_stall_s: float
+    ip_stall_source: str
+
+
+def _model_overrides(args: argparse.Namespace) -> _ModelOverrides:
     """The job model fields ``--ip-stall-from`` / ``--ip-stall-ms`` set."""
     if args.ip_stall_from is not None:
         seconds, source = args.ip_stall_from
@@ -1388,6 +1398,7 @@ def _sim_run(args: argparse.Namespace) -> int:
         loaded = load_scenario(args.file)
     except ScenarioError as exc:
         return _fail(str(exc), 2)
+    report: RunReport | LiveReport
     if args.bus == "model":
         report = run(loaded)
     else:
@@ -1557,7 +1568,7 @@ def _sim_fleet(args: argparse.Namespace) -> int:
         seed=args.seed,
         oracle=args.oracle,
         progress=progress,
-        model=FailureModel(**_model_overrides(args)),  # type: ignore[arg-type]
+        model=FailureModel(**_model_overrides(args)),
         transports=_transports(args),
     )
     sys.stdout.write(rep.text())

@@ -13,7 +13,7 @@ import re
 import socket
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
 import yaml
 from pydantic import (
@@ -361,6 +361,14 @@ def resolve_command(command: str) -> str:
     return found
 
 
+#: When a hook runs (:class:`HookSettings`' ``when``).
+HookTrigger: TypeAlias = Literal["change", "lost_above", "whole_again"]
+
+
+def _on_every_change() -> list[HookTrigger]:
+    return ["change"]
+
+
 class HookSettings(_Section):
     """One job-facing hook (:mod:`linkguard.agent.hooks`): a command the agent runs when this
     host's rail map changes, with the change (``linkguard.rail-change/v1``,
@@ -377,9 +385,7 @@ class HookSettings(_Section):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     argv: list[str] = Field(min_length=1, max_length=256)
-    when: list[Literal["change", "lost_above", "whole_again"]] = Field(
-        default_factory=lambda: ["change"], min_length=1
-    )
+    when: list[HookTrigger] = Field(default_factory=_on_every_change, min_length=1)
     lost_above: int = Field(0, ge=0, le=63, description="N of when: lost_above (rails)")
     timeout_s: float = Field(10.0, gt=0, le=3600, description="then the process group is killed")
     retries: int = Field(3, ge=0, le=20, description="attempts after the first failed one")
@@ -1300,6 +1306,7 @@ def load_settings(cls: type[S], path: Path | None = None, **overrides: Any) -> S
     if path is not None:
         _load_yaml(path)
 
+        # mypy cannot type a class statement whose base is a type variable
         class _FromFile(cls):  # type: ignore[valid-type,misc]
             model_config = SettingsConfigDict(**{**cls.model_config, "yaml_file": str(path)})
 

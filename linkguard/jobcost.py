@@ -63,9 +63,12 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from linkguard.failuremodel import FailureModel
+
+if TYPE_CHECKING:  # the job model imports no wire model at run time
+    from linkguard.models import HostInventory
 
 __all__ = [
     "COMMON_ASSUMES",
@@ -189,13 +192,13 @@ def needless(o: Outage, model: FailureModel) -> bool:
 
 
 # -- fused pairs ----------------------------------------------------------------------------------
-def fused_rails(inventory: object) -> dict[int, tuple[int, ...]]:
+def fused_rails(inventory: HostInventory) -> dict[int, tuple[int, ...]]:
     """rail -> the rails of its fused NIC, as ``linkguard nccl env --profile failover`` groups
     ``inventory``'s ports (:func:`linkguard.nccl.fused_layout`, pairs: PCIe switch, then NUMA
     node, then rail order). ``inventory``: a :class:`~linkguard.models.HostInventory`."""
     from linkguard.nccl import fused_layout, port_verdicts
 
-    layout = fused_layout(port_verdicts(inventory, []))  # type: ignore[arg-type]
+    layout = fused_layout(port_verdicts(inventory, []))
     return {m.rail: tuple(x.rail for x in g.members) for g in layout.groups for m in g.members}
 
 
@@ -524,6 +527,14 @@ class PricedTransports:
         return self.transports[self.transport].without_linkguard
 
 
+class _PriceArgs(TypedDict):
+    """:func:`price`'s arguments that are the same for every transport."""
+
+    gpus: int
+    duration_s: float
+    fused: Callable[[str, int], tuple[int, ...]] | None
+
+
 def price_transports(
     found: Sequence[Outage],
     model: FailureModel,
@@ -542,19 +553,15 @@ def price_transports(
             f"unknown transport {sorted(unknown)[0]!r}; one of {', '.join(TRANSPORTS)}"
         )
     out: dict[str, TransportCost] = {}
-    kw = {"gpus": gpus, "duration_s": duration_s, "fused": fused}
+    kw = _PriceArgs(gpus=gpus, duration_s=duration_s, fused=fused)
     for t in (t for t in TRANSPORTS if t in wanted):
-        wo, charge_wo = price(found, model, transport=t, linkguard=False, **kw)  # type: ignore[arg-type]
-        w, charge_w = price(found, model, transport=t, linkguard=True, **kw)  # type: ignore[arg-type]
-        at_once, costlier_at_once = None, ()
+        wo, charge_wo = price(found, model, transport=t, linkguard=False, **kw)
+        w, charge_w = price(found, model, transport=t, linkguard=True, **kw)
+        at_once: Cost | None = None
+        costlier_at_once: tuple[int, ...] = ()
         if t != "ip":
             at_once, charge_at_once = price(
-                found,
-                model,
-                transport=t,
-                linkguard=True,
-                at_once=True,
-                **kw,  # type: ignore[arg-type]
+                found, model, transport=t, linkguard=True, at_once=True, **kw
             )
             costlier_at_once = _dearer(found, charge_at_once, charge_wo)
         out[t] = TransportCost(

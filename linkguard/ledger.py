@@ -89,7 +89,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
@@ -276,8 +276,10 @@ def port_places(fabric: Fabric) -> dict[PortKey, PortPlace]:
             leaf_of[end] = leaf
     out: dict[PortKey, PortPlace] = {}
     for end, (host, hca, port, rail) in by_end.items():
-        leaf = leaf_of.get(end)
-        out[(host, hca, port)] = PortPlace(rail, leaf, su_of.get(leaf) if leaf else None)
+        place_leaf = leaf_of.get(end)
+        out[(host, hca, port)] = PortPlace(
+            rail, place_leaf, su_of.get(place_leaf) if place_leaf else None
+        )
     return out
 
 
@@ -568,7 +570,10 @@ def model_from_json(text: str) -> FailureModel:
     if not isinstance(raw, dict):
         raw = {}
     known = {f.name for f in fields(FailureModel)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
+    # JSON values: FailureModel's own checks (TypeError, ValueError) reject wrong ones
+    kw: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
+    }
     try:
         return FailureModel(**kw)
     except (TypeError, ValueError):
@@ -628,7 +633,10 @@ class Ledger:
         self._places: dict[PortKey, PortPlace] = {}
         self.builder: IncidentBuilder | None = None
         self._suppressed: dict[PortKey, bool] = {}
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, queue_size))
+        # changes to write; a flush's Event (set once written); _STOP
+        self._queue: queue.Queue[Change | threading.Event | _Stop] = queue.Queue(
+            maxsize=max(1, queue_size)
+        )
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_purge = 0.0
@@ -885,7 +893,7 @@ class Ledger:
                     break
             changes = [x for x in batch if not isinstance(x, threading.Event | _Stop)]
             try:
-                self.write(changes)  # type: ignore[arg-type]
+                self.write(changes)
             except Exception as exc:  # never let the writer die: the service carries on
                 self.write_errors += 1
                 log.error(
@@ -976,7 +984,7 @@ class Ledger:
         port = d.get("port") if isinstance(d.get("port"), int) else None
         rail = d.get("rail") if isinstance(d.get("rail"), int) else None
         key = (host, hca, port) if host and hca and port is not None else None
-        place = self._places.get(key) if key else None  # type: ignore[arg-type]
+        place = self._places.get(key) if key else None
         if place is not None and place.rail is not None:
             rail = place.rail
         leaf, su = (place.leaf, place.su) if place else (None, None)
@@ -990,12 +998,12 @@ class Ledger:
                 status,
                 at,
                 reason=d.get("reason"),
-                rail=rail,  # type: ignore[arg-type]
+                rail=rail,
             )
             damping = d.get("damping") or {}
             suppressed = bool(damping.get("suppressed", False))
-            if suppressed != self._suppressed.get(key, False):  # type: ignore[arg-type]
-                self._suppressed[key] = suppressed  # type: ignore[index]
+            if suppressed != self._suppressed.get(key, False):
+                self._suppressed[key] = suppressed
                 rows["suppressions"].append(
                     (
                         run,
@@ -1022,7 +1030,7 @@ class Ledger:
                 current,
                 at,
                 previous=previous,
-                reason=d.get("reason"),  # type: ignore[arg-type]
+                reason=d.get("reason"),
                 rail=rail,
             )
         elif c.kind == "plans":
@@ -1151,7 +1159,7 @@ class Ledger:
         once goes ``down`` -> ``up``) in ``port_events`` and ``events``, its outages with the
         engine's ``reroute_ms`` and the ports each took down, and its ``reroutes`` /
         ``solves`` / ``plans`` as the run's stats. Returns the run id."""
-        from linkguard.simulations.engine import WALL0
+        from linkguard.simulations.engine import WALL0, return_rail
         from linkguard.simulations.scenario import expand
 
         loaded = timeline.loaded
@@ -1174,13 +1182,13 @@ class Ledger:
         key_of = {(h.host, c.rail): (h.host, c.hca, c.port) for h in fabric.hosts for c in h.hcas}
         # (at_s, order, host, rail, kind): the timeline's port events, then the engine's returns
         # to use at the same instant
-        moves = [
+        moves: list[tuple[float, int, str | None, int | None, str, str, int]] = [
             (e.at_s, 0, e.host, e.rail, e.kind, f"{e.state}/{e.phys_state}", e.entry)
             for e in expand(loaded)
             if e.kind.startswith("port_")
         ]
         moves += [
-            (float(r["at_s"]), 1, str(r["host"]), int(r["rail"]), "return", "hold-down over", -1)  # type: ignore[arg-type]
+            (float(r["at_s"]), 1, str(r["host"]), return_rail(r), "return", "hold-down over", -1)
             for r in report.returns
         ]
         moves.sort(key=lambda m: (m[0], m[1]))
@@ -1304,7 +1312,8 @@ class Ledger:
             raise ValueError(f"unknown event kind {kind!r}; one of {', '.join(EVENT_KINDS)}")
         if since is not None and until is not None and since > until:
             raise ValueError(f"since ({since}) is after until ({until})")
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | int | float] = []
         for col, value in (("host", host), ("rail", rail), ("kind", kind)):
             if value is not None:
                 where.append(f"{col} = ?")
@@ -1338,7 +1347,7 @@ class Ledger:
         until: float | None = None,
         now: float | None = None,
         transports: Iterable[str] | None = None,
-        model_overrides: dict[str, Any] | None = None,
+        model_overrides: Mapping[str, Any] | None = None,
     ) -> LedgerReport:
         """The interruption report over ``[since, until)`` (Unix s; default: the runs'
         whole window), clamped to what the runs recorded; a service run still recording

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Literal, TextIO, cast
 
 import structlog
+from structlog.typing import Processor
 
 __all__ = ["configure_logging"]
 
@@ -33,7 +34,7 @@ def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "in
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -46,10 +47,11 @@ def configure_logging(fmt: Literal["json", "console"] = "json", level: str = "in
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
+        # PrintLogger calls only write() and flush() of its file
+        logger_factory=structlog.PrintLoggerFactory(cast("TextIO", _Stderr())),
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(_Stderr())  # type: ignore[arg-type]
+    handler = logging.StreamHandler(_Stderr())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer, foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name]

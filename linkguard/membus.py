@@ -39,6 +39,7 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 import structlog
 
@@ -150,11 +151,11 @@ class MemoryBroker:
         self.takeovers = 0
         self.max_backlog = 0
 
-    def bus_factory(self, **kwargs: object) -> MemoryBus:
+    def bus_factory(self, **kwargs: Any) -> MemoryBus:
         """A :class:`MemoryBus` on this broker; takes :class:`~linkguard.bus.Bus`'s keyword
         arguments (``host``, ``port``, ``brokers``, credentials and keepalive are accepted and
         ignored)."""
-        return MemoryBus(broker=self, **kwargs)  # type: ignore[arg-type]
+        return MemoryBus(broker=self, **kwargs)
 
     # -- faults ---------------------------------------------------------------------------
     @property

@@ -222,9 +222,7 @@ class AgentMetrics:
             return
         host, port = listen_address(listen)
         try:
-            self._server, self._thread = await asyncio.to_thread(
-                start_http_server, port, host, self.registry
-            )
+            server, thread = await asyncio.to_thread(start_http_server, port, host, self.registry)
         except OSError as exc:
             log.error(
                 "metrics_listen_failed",
@@ -233,7 +231,8 @@ class AgentMetrics:
                 hint="another process on that port? set metrics_listen (null: no exporter)",
             )
             return
-        self.port = self._server.server_port
+        self._server, self._thread = server, thread
+        self.port = server.server_port
         log.info("metrics_listening", listen=listen, port=self.port, path="/metrics")
 
     async def stop(self) -> None:
@@ -626,7 +625,9 @@ class ServiceMetrics:
             labels=["kind"],
         )
         loc = svc.localizer  # raised verdicts; the inconclusive ones of the last localisation
-        by_kind = Counter(a.kind for a in loc.active.values()) if loc is not None else Counter()
+        by_kind: Counter[str] = (
+            Counter(a.kind for a in loc.active.values()) if loc is not None else Counter()
+        )
         by_kind["inconclusive"] = len(svc.probe_inconclusive)
         for kind in ("port", "leaf", "inconclusive"):
             verdicts.add_metric([kind], by_kind[kind])

@@ -157,10 +157,10 @@ def port_verdicts(
         by_key[st.key] = st
     best: dict[str, float] = {}
     for h in inventory.hcas:
-        st = by_key.get(h.key)
-        if st is not None and st.status == PortStatus.UP and st.rate_gbps:
+        up = by_key.get(h.key)
+        if up is not None and up.status == PortStatus.UP and up.rate_gbps:
             layer = h.link_layer.value
-            best[layer] = max(best.get(layer, 0.0), st.rate_gbps)
+            best[layer] = max(best.get(layer, 0.0), up.rate_gbps)
     in_plan: set[int] | None = None
     if plan is not None:
         if plan.host != inventory.host:
@@ -168,12 +168,12 @@ def port_verdicts(
         in_plan = {a.rail for a in plan.rail_assignments} | {b.rail for b in plan.backups}
     out = []
     for h in sorted(inventory.hcas, key=lambda h: h.rail):
-        st = by_key.get(h.key)
+        hst = by_key.get(h.key)
         expected = expected_gbps.get(h.key) if isinstance(expected_gbps, Mapping) else expected_gbps
         if expected is None:
             expected = best.get(h.link_layer.value)
-        why: Why | None = _why(st)
-        rate = st.rate_gbps if st is not None else None
+        why: Why | None = _why(hst)
+        rate = hst.rate_gbps if hst is not None else None
         if why is None and (
             h.key in degraded or (expected is not None and rate is not None and rate < expected)
         ):
@@ -416,8 +416,8 @@ class _Builder(ET.TreeBuilder):
         self._depth -= 1
         return super().end(tag)
 
-    def comment(self, text: str) -> ET.Element:  # type: ignore[override]
-        if not self._started:
+    def comment(self, text: str | None, /) -> ET.Element:
+        if not self._started and text is not None:  # expat always passes the text
             self.prolog.append(text)
         return super().comment(text)
 

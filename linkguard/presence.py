@@ -26,9 +26,12 @@ class DuplicateInstanceError(RuntimeError):
 
 
 class Announcement(Protocol):
-    online: bool
-    instance: str | None
-    started_at: float | None
+    @property
+    def online(self) -> bool: ...
+    @property
+    def instance(self) -> str | None: ...
+    @property
+    def started_at(self) -> float | None: ...
 
 
 class Verdict(Enum):

@@ -77,7 +77,7 @@ async def run_quickstart(
                 before = {h: dict(tb.routes) for h, tb in tables.items()}
                 plans0 = {h: a.applier.plan for h, a in agents.items()}
                 rail_of = {
-                    h: {a.gpu: a.rail for a in agents[h].applier.plan.rail_assignments}
+                    h: {a.gpu: a.rail for a in _acked(agents[h].applier.plan).rail_assignments}
                     for h in agents
                 }
                 epoch0 = service.state.epoch
@@ -118,7 +118,7 @@ async def run_quickstart(
                             f"endpoint{'s' if len(moved[h]) != 1 else ''} moved off rail "
                             f"{victim_rail}: {to}"
                         )
-                new_rail = {a.gpu: a.rail for a in va.applier.plan.rail_assignments}
+                new_rail = {a.gpu: a.rail for a in _acked(va.applier.plan).rail_assignments}
                 for g, r in sorted(new_rail.items()):
                     if rail_of[victim][g] != r:
                         say(
@@ -126,8 +126,8 @@ async def run_quickstart(
                         )
                 res["routes_moved"] = sum(len(m) for m in moved.values())
                 others = _endpoints_per_rail(fabric, victim)
-                busiest = max(nic_load(plans1[victim], others).values())
-                normal = max(nic_load(plans0[victim], others).values())
+                busiest = max(nic_load(_acked(plans1[victim]), others).values())
+                normal = max(nic_load(_acked(plans0[victim]), others).values())
                 res["victim_busiest_nic_load"] = busiest / normal
                 say(
                     f"    {victim}: busiest NIC now carries {busiest:g} peer endpoints vs "
@@ -172,6 +172,12 @@ async def run_quickstart(
         + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
     )
     return res
+
+
+def _acked(plan: Plan | None) -> Plan:
+    """``plan``: an agent's applied plan, asked for only after every host acked one."""
+    assert plan is not None, "an agent without a plan after every host acked"
+    return plan
 
 
 def _moved(

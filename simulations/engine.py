@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 from linkguard.agent.monitor import DampingPolicy, MonitorOutput, PortMonitor
 from linkguard.config import ServiceSettings
@@ -63,9 +64,11 @@ __all__ = [
     "ExpectResult",
     "FaultTiming",
     "PlanCounts",
+    "PortReturn",
     "RunReport",
     "mismatch_lines",
     "percentile",
+    "return_rail",
     "run",
 ]
 
@@ -84,6 +87,23 @@ _ACTIVE_READING = (PortStateName.ACTIVE, PhysState.LINK_UP)
 
 #: A transition: (timeline entry, at_s); every primitive event of one entry at one instant.
 Transition = tuple[int, float]
+
+
+class PortReturn(TypedDict):
+    """A port usable again (a report's ``returns`` and ``readmissions``): its host, its rail
+    (None only for a port without one, which no simulated fabric has), when (s)."""
+
+    host: str
+    rail: int | None
+    at_s: float
+
+
+def return_rail(r: PortReturn) -> int:
+    """``r``'s rail; TypeError for a return without one (as ``int(None)`` raised here)."""
+    rail = r["rail"]
+    if rail is None:
+        raise TypeError(f"a return of {r['host']} at {r['at_s']} s without a rail")
+    return rail
 
 
 def mismatch_lines(count: int, kept: list[str], shown: int = 5) -> list[str]:
@@ -189,8 +209,8 @@ class RunReport(PlanCounts):
     mismatch_count: int = 0
     mismatches: list[str] = field(default_factory=list)
     faults: list[FaultTiming] = field(default_factory=list)
-    readmissions: list[dict[str, object]] = field(default_factory=list)
-    returns: list[dict[str, object]] = field(default_factory=list)
+    readmissions: list[PortReturn] = field(default_factory=list)
+    returns: list[PortReturn] = field(default_factory=list)
     max_plans_per_host_per_event: int = 0
     expectations: list[ExpectResult] = field(default_factory=list)
     passed: bool = False
@@ -409,9 +429,9 @@ class _Run:
             self._start_agent(e.host, t)
             return
         if e.kind == "switch_down":
-            self.switches_down.add(e.switch)  # type: ignore[arg-type]
+            self.switches_down.add(e.switch_name)
         elif e.kind == "switch_up":
-            self.switches_down.discard(e.switch)  # type: ignore[arg-type]
+            self.switches_down.discard(e.switch_name)
         elif e.kind == "cables_down":
             assert e.cable is not None
             self.cables_down[e.cable.pair] = e.cable
@@ -547,7 +567,7 @@ class _Run:
         if ex.max_reroute_ms is not None:
             timed = [f for f in r.faults if f.reroute_ms is not None]
             worst = max(timed, key=lambda f: f.reroute_ms or 0.0, default=None)
-            observed = worst.reroute_ms if worst else 0.0
+            observed = (worst.reroute_ms or 0.0) if worst else 0.0  # timed: never None
             held = observed <= ex.max_reroute_ms
             detail = (
                 f"slowest reroute {observed:g} ms (timeline[{worst.entry}] at {worst.at_s:g} s)"

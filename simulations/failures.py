@@ -144,6 +144,7 @@ def fleet_scenario(
     for t, cls, draw in cands:
         at = round(t, 3)
         entries: list[dict] = []
+        keys: list[tuple]  # the resources the draw holds: ("port", host, rail), ("leaf", leaf)
         if cls == "flaps":
             (host, rail), period, cycles = draw
             period = round(period, 3)

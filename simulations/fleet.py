@@ -15,7 +15,7 @@ from pathlib import Path
 
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
-from linkguard.bus import Bus
+from linkguard.bus import Bus, BusSession
 from linkguard.config import AgentSettings, ApiSettings, BusSettings, PortConfig, ServiceSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import AckResult
@@ -81,7 +81,7 @@ class SimulatedFleet:
         debounce_ms: float = 20,
         solve_initial_delay_ms: float = 0,
         settle_s: float = 0.2,
-        bus_factory: Callable[..., Bus] = Bus,
+        bus_factory: Callable[..., BusSession] = Bus,
         api: ApiSettings | None = None,
         signing_key: Path | None = None,
         service_public_key: Path | None = None,

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypedDict
 
 from linkguard.costreport import cost_rows, model_dict, quantiles, reroute_lines, transport_lines
 from linkguard.failuremodel import FailureModel
@@ -45,7 +46,7 @@ from linkguard.jobcost import (
     needless,
     price_transports,
 )
-from linkguard.simulations.engine import WALL0, RunReport, run
+from linkguard.simulations.engine import WALL0, PortReturn, RunReport, return_rail, run
 from linkguard.simulations.failures import FleetTimeline, expected_counts, fleet_scenario
 from linkguard.simulations.scenario import Event, Expect, GenerateSpec, LoadedScenario, expand
 from linkguard.topology.fabric import Fabric, home_rails
@@ -154,7 +155,19 @@ def fused_of(fabric: Fabric) -> Callable[[str, int], tuple[int, ...]]:
     return lambda host, rail: of_host.get(host, {}).get(rail, (rail,))
 
 
-def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, object] | None:
+class WorstNicLoad(TypedDict):
+    """:func:`worst_nic_load`'s answer."""
+
+    host: str
+    at_s: float
+    rails_down: list[int]
+    load: dict[str, float]
+    max_load: float
+    baseline_max: float
+    ratio: float | None
+
+
+def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> WorstNicLoad | None:
     """NIC load (:func:`~linkguard.topology.solver.nic_load`: peer endpoints a host sends out
     of each local rail) at the worst moment: the outage after which one host had the most
     rails down. The plans are re-solved from the ports the scenario had down then (ports held
@@ -169,9 +182,9 @@ def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> dict[str, obj
     wanted = {(o.entry, o.at_s) for o in found}
     for e in events:
         if e.kind == "port_down":
-            down.add((e.host, e.rail))  # type: ignore[arg-type]
+            down.add(e.port_key)
         elif e.kind == "port_up":
-            down.discard((e.host, e.rail))  # type: ignore[arg-type]
+            down.discard(e.port_key)
         else:
             continue
         if (e.entry, e.at_s) in wanted and e.kind == "port_down":
@@ -228,10 +241,10 @@ class FleetReport(PricedTransports):
     solves: int
     time_to_reroute_ms: dict[str, float | int | None]
     needless_reroutes: int
-    worst_nic_load: dict[str, object] | None
+    worst_nic_load: WorstNicLoad | None
     oracle: dict[str, object]
     wall_s: float | None = None
-    returns: list[dict[str, object]] = field(default_factory=list, repr=False)
+    returns: list[PortReturn] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, object]:
         m = self.model
@@ -332,7 +345,7 @@ def fleet_report(
     timing = {(f.entry, f.at_s): f.reroute_ms for f in report.faults}
     returns: dict[tuple[str, int], list[float]] = {}
     for r in report.returns:
-        returns.setdefault((str(r["host"]), int(r["rail"])), []).append(float(r["at_s"]))  # type: ignore[arg-type]
+        returns.setdefault((str(r["host"]), return_rail(r)), []).append(float(r["at_s"]))
     for times in returns.values():
         times.sort()
     found = [

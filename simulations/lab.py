@@ -278,17 +278,18 @@ class Lab:
                     raise ValueError(
                         f"{inv.host} {c.hca}: a lab port needs an address and a netdev"
                     )
-                leaf = leaf_of.get(f"{inv.host}:{c.key}")
-                if leaf not in bridges:
+                port_leaf = leaf_of.get(f"{inv.host}:{c.key}")
+                if port_leaf is None or port_leaf not in bridges:
                     raise ValueError(f"{inv.host} {c.hca}/{c.port} is not cabled to a leaf")
                 net = fabric.rail_subnets.get(c.rail)
                 plen = net.prefixlen if net is not None else 24
-                ports.append(_PortSpec(c.rail, c.netdev, c.address, plen, leaf))
+                ports.append(_PortSpec(c.rail, c.netdev, c.address, plen, port_leaf))
             specs.append(_HostSpec(inv.host, list(inv.endpoints), ports))
         by_rail: dict[int, list[str]] = {}
         for name in sorted(switches):
-            if switches[name].rail is not None:
-                by_rail.setdefault(switches[name].rail, []).append(name)  # type: ignore[arg-type]
+            sw_rail = switches[name].rail
+            if sw_rail is not None:
+                by_rail.setdefault(sw_rail, []).append(name)
         spines = {r: leaves for r, leaves in by_rail.items() if len(leaves) > 1}
         prefix = prefix or f"lg{secrets.token_hex(3)}"
         _check_prefix(prefix)
@@ -533,9 +534,9 @@ class Lab:
                 proc.wait(timeout=5)
         self._procs.clear()
         for ns in reversed(self.namespaces):
-            proc = _run(["ip", "netns", "del", ns], check=False)
-            if proc.returncode != 0 and "No such file" not in proc.stderr:
-                log.warning("lab_netns_delete_failed", netns=ns, stderr=proc.stderr.strip())
+            res = _run(["ip", "netns", "del", ns], check=False)
+            if res.returncode != 0 and "No such file" not in res.stderr:
+                log.warning("lab_netns_delete_failed", netns=ns, stderr=res.stderr.strip())
         self.namespaces.clear()
         self._restore_neigh_limit()
 

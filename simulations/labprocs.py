@@ -427,13 +427,21 @@ async def start_all(procs: Procs, obs: Observer, cfgs: dict[str, Path], names: l
     procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
     for n in names:
         procs.start(n, ["agent", "-c", str(cfgs[n])])
-    await until(
-        lambda: all(obs.latest_plan(n) and obs.acked(n, obs.latest_plan(n).epoch) for n in names),
-        30,
-        "initial plans acked",
-        procs,
-    )
-    return max(obs.latest_plan(n).epoch for n in names)  # type: ignore[union-attr]
+
+    def all_acked() -> bool:
+        for n in names:
+            plan = obs.latest_plan(n)
+            if not (plan and obs.acked(n, plan.epoch)):
+                return False
+        return True
+
+    await until(all_acked, 30, "initial plans acked", procs)
+    epochs = []
+    for n in names:
+        plan = obs.latest_plan(n)
+        assert plan is not None  # every host acked a plan (waited for above)
+        epochs.append(plan.epoch)
+    return max(epochs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -253,6 +253,12 @@ def _steps(events: list[Event]) -> list[_Step]:
     return out
 
 
+def _spec(fl: Flow) -> FlowSpec:
+    """What ``fl`` carries (every flow a run starts has its spec)."""
+    assert fl.spec is not None
+    return fl.spec
+
+
 def _home_rail(fabric: Fabric, ep: IPv4Address) -> int | None:
     for r, net in fabric.endpoint_subnets.items():
         if ep in net:
@@ -544,7 +550,7 @@ class _LabRun:
         cables: dict[tuple[str, str], CableRef] = {}
         for e in self.events:
             if e.kind == "port_down":
-                out.add((e.host, e.rail))  # type: ignore[arg-type]
+                out.add(e.port_key)
             elif e.kind.startswith(("switch_", "cables_")):
                 self._track_switch(e, switches, cables)
                 for h, rails in self._health(switches, cables).unusable.items():
@@ -556,13 +562,13 @@ class _LabRun:
         e: Event, switches: set[str], cables: dict[tuple[str, str], CableRef]
     ) -> None:
         if e.kind == "switch_down":
-            switches.add(e.switch)  # type: ignore[arg-type]
+            switches.add(e.switch_name)
         elif e.kind == "switch_up":
-            switches.discard(e.switch)  # type: ignore[arg-type]
+            switches.discard(e.switch_name)
         elif e.kind == "cables_down":
-            cables[e.cable.pair] = e.cable  # type: ignore[union-attr]
+            cables[e.cable_ref.pair] = e.cable_ref
         elif e.kind == "cables_up":
-            cables.pop(e.cable.pair, None)  # type: ignore[union-attr]
+            cables.pop(e.cable_ref.pair, None)
 
     def _faults(self, switches: set[str], cables: dict[tuple[str, str], CableRef]) -> FabricFaults:
         return FabricFaults(
@@ -572,7 +578,7 @@ class _LabRun:
             at=time.time(),
         )
 
-    def _health(self, switches: set[str], cables: dict[tuple[str, str], CableRef]):  # type: ignore[no-untyped-def]
+    def _health(self, switches: set[str], cables: dict[tuple[str, str], CableRef]):
         return self.state.assess_faults(self._faults(switches, cables))
 
     # -- applying events -------------------------------------------------------------------------
@@ -583,10 +589,10 @@ class _LabRun:
         control: list[Event] = []
         for e in step.events:
             if e.kind in ("port_down", "port_up"):
-                key = (e.host, e.rail)
+                key = e.port_key
                 up = e.kind == "port_up"
-                (self.ports_down.discard if up else self.ports_down.add)(key)  # type: ignore[arg-type]
-                links.append((self.lab.fabric_port(e.host, e.rail), up))  # type: ignore[arg-type]
+                (self.ports_down.discard if up else self.ports_down.add)(key)
+                links.append((self.lab.fabric_port(*key), up))
             elif e.kind.startswith(("switch_", "cables_")):
                 self._track_switch(e, self.switches_down, self.cables_down)
                 switch_change = True
@@ -625,7 +631,8 @@ class _LabRun:
                     self.switches_down or self.cables_down or self.faults_pending
                 ):
                     # the broker lost its retained messages: the operator's set comes back
-                    await self.bus.wait_connected(10)  # type: ignore[union-attr]
+                    assert self.bus is not None  # linkguard runs: the observer's bus is up
+                    await self.bus.wait_connected(10)
                     await self._publish_faults()
             return
         if not self.linkguard:
@@ -650,14 +657,16 @@ class _LabRun:
             if e.kind in ("port_down", "port_up"):
                 if f"agent:{e.host}" in self.control_down:
                     continue
-                seen = self.obs.ports.get((e.host, e.rail))  # type: ignore[arg-type]
+                seen = self.obs.ports.get(e.port_key)
                 if seen is None or seen[0] < t_step:
                     return False
                 active = seen[1].state == PortStateName.ACTIVE
                 if active != (e.kind == "port_up"):
                     return False
             elif e.kind in ("broker_up", "agent_up"):
-                hosts = self.fabric.hosts if e.kind == "broker_up" else [self.fabric.host(e.host)]  # type: ignore[arg-type]
+                hosts = (
+                    self.fabric.hosts if e.kind == "broker_up" else [self.fabric.host(e.host_name)]
+                )
                 for inv in hosts:
                     for c in inv.hcas:
                         seen = self.obs.ports.get((inv.host, c.rail))
@@ -770,7 +779,7 @@ class _LabRun:
         r.mismatches += found[: MAX_MISMATCHES - len(r.mismatches)]
         return len(found)
 
-    def _plan_mismatches(self, truth: dict[str, set[int]], pairs: list[tuple[str, str]]) -> list:  # type: ignore[type-arg]
+    def _plan_mismatches(self, truth: dict[str, set[int]], pairs: list[tuple[str, str]]) -> list:
         held = {k: set(v) for k, v in truth.items()}
         for (h, rail), (_, st) in self.obs.ports.items():
             if st.status in (PortStatus.HELD_DOWN, PortStatus.SUPPRESSED) or not st.usable:
@@ -856,7 +865,7 @@ class _LabRun:
         elif why is not None:
             self.report.notes.append(f"final check {why}")
 
-    def _measure(self, pending: list, steps: list[_Step], t_end: float) -> None:  # type: ignore[type-arg]
+    def _measure(self, pending: list, steps: list[_Step], t_end: float) -> None:
         """Flow gaps and ack times per fault, from the flow records and the observer."""
         fault_times = [self.t0 + s.at_s for s in steps if s.resources - _CONTROL]
         for result, step, t_step, epoch0 in pending:
@@ -872,8 +881,8 @@ class _LabRun:
                     for fl, role in self.flows
                     if role != "control"
                     and (
-                        (fl.spec.dst_host, _home_rail(self.fabric, fl.spec.dst)) in targets  # type: ignore[union-attr]
-                        or (fl.spec.src_host, _home_rail(self.fabric, fl.spec.src)) in targets  # type: ignore[union-attr]
+                        (_spec(fl).dst_host, _home_rail(self.fabric, _spec(fl).dst)) in targets
+                        or (_spec(fl).src_host, _home_rail(self.fabric, _spec(fl).src)) in targets
                     )
                 ] or controls  # nothing this step touched carries a flow: show one that passes
             t_to = t_back if t_back is not None else t_end
@@ -885,7 +894,7 @@ class _LabRun:
                     t_back is not None and gap / 1000 >= (t_back - t_step) * 0.9
                 )
                 result.flows.append(
-                    FlowGap(fl.spec.label, role, round(gap, 1), lost, until_return, resumed)  # type: ignore[union-attr]
+                    FlowGap(_spec(fl).label, role, round(gap, 1), lost, until_return, resumed)
                 )
             if self.linkguard:
                 later = [t for t in fault_times if t > t_step + 1e-6]
@@ -897,11 +906,7 @@ class _LabRun:
     def _step_targets(self, step: _Step) -> set[tuple[str, int]]:
         """The (host, rail) ports ``step`` takes down: its port downs, and the ports its switch
         and cable events make unusable that were usable just before."""
-        out: set[tuple[str, int]] = {
-            (e.host, e.rail)  # type: ignore[misc]
-            for e in step.events
-            if e.kind == "port_down"
-        }
+        out: set[tuple[str, int]] = {e.port_key for e in step.events if e.kind == "port_down"}
         if not any(e.kind.startswith(("switch_", "cables_")) for e in step.events):
             return out
         switches: set[str] = set()
@@ -929,14 +934,14 @@ class _LabRun:
         return None
 
     @staticmethod
-    def _res_key(e: Event) -> tuple:  # type: ignore[type-arg]
+    def _res_key(e: Event) -> tuple:
         kind = e.kind.rsplit("_", 1)[0]
         if kind == "port":
             return (kind, e.host, e.rail)
         if kind == "switch":
             return (kind, e.switch)
         if kind == "cables":
-            return (kind, e.cable.pair)  # type: ignore[union-attr]
+            return (kind, e.cable_ref.pair)
         return (kind, e.host)
 
     def _ack_timing(self, result: FaultResult, t_step: float, epoch0: int, end: float) -> None:

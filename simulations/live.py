@@ -66,9 +66,9 @@ from linkguard import topics
 from linkguard.agent.applier import kernel_routes
 from linkguard.agent.daemon import Agent
 from linkguard.agent.plans import effective
-from linkguard.bus import Bus
+from linkguard.bus import Bus, BusSession
 from linkguard.config import BusSettings, ServiceSettings
-from linkguard.drivers.routes import KernelRoute
+from linkguard.drivers.routes import Destination, KernelRoute
 from linkguard.drivers.simulated import SimulatedPortSource, active_port
 from linkguard.models import (
     AckResult,
@@ -84,6 +84,7 @@ from linkguard.simulations.engine import (
     MAX_MISMATCHES,
     ExpectResult,
     PlanCounts,
+    PortReturn,
     mismatch_lines,
     percentile,
 )
@@ -136,7 +137,7 @@ def _figures(values: list[float]) -> dict[str, float | int | None]:
 
 
 def table_egress(
-    routes: Mapping[object, KernelRoute], rail_of: Mapping[str, int], dest: IPv4Address
+    routes: Mapping[Destination, KernelRoute], rail_of: Mapping[str, int], dest: IPv4Address
 ) -> tuple[int, ...]:
     """Rails a route table sends ``dest`` out of, as the kernel looks it up: the longest
     prefix containing it; its netdev(s) (several: multipath) mapped to rails by ``rail_of``
@@ -155,7 +156,7 @@ def table_egress(
 def check_installed(
     fabric: Fabric,
     unusable: Mapping[str, Iterable[int]],
-    tables: Mapping[str, Mapping[object, KernelRoute]],
+    tables: Mapping[str, Mapping[Destination, KernelRoute]],
     pairs: Iterable[tuple[str, str]],
 ) -> list[Mismatch]:
     """The oracle (:func:`linkguard.simulations.oracle.check`) on installed routes: for each
@@ -181,7 +182,7 @@ def check_installed(
 
 
 def table_drift(
-    plan: Plan, locally_down: Iterable[str], routes: Mapping[object, KernelRoute]
+    plan: Plan, locally_down: Iterable[str], routes: Mapping[Destination, KernelRoute]
 ) -> str | None:
     """How a host's route table differs from what its applied ``plan`` with the backups of
     its ``locally_down`` ports asks for (:func:`~linkguard.agent.applier.kernel_routes`):
@@ -269,7 +270,7 @@ class LiveReport(PlanCounts):
     mismatches: list[str] = field(default_factory=list)
     faults: list[LiveFault] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
-    readmissions: list[dict[str, object]] = field(default_factory=list)
+    readmissions: list[PortReturn] = field(default_factory=list)
     max_plans_per_host_per_event: int = 0
     expectations: list[ExpectResult] = field(default_factory=list)
     passed: bool = False
@@ -366,18 +367,18 @@ class LiveReport(PlanCounts):
 
 
 class _Broker(Protocol):
-    bus_factory: Callable[..., Bus]
+    bus_factory: Callable[..., BusSession]
     settings: BusSettings
 
     def down(self) -> None: ...
     def up(self) -> None: ...
-    def sever(self, bus: Bus, client_id: str) -> None: ...
+    def sever(self, bus: BusSession, client_id: str) -> None: ...
     def close(self) -> None: ...
 
 
 def _bus_settings(**kw: object) -> BusSettings:
     # reconnect quickly after an outage (production's default backoff reaches 10 s)
-    return BusSettings(reconnect_min_s=0.05, reconnect_max_s=1.0, **kw)  # type: ignore[arg-type]
+    return BusSettings.model_validate({"reconnect_min_s": 0.05, "reconnect_max_s": 1.0, **kw})
 
 
 class _Mosquitto:
@@ -386,7 +387,7 @@ class _Mosquitto:
 
         self.proc = MosquittoProcess(workdir).start()
         self.settings = _bus_settings(port=self.proc.port)
-        self.bus_factory: Callable[..., Bus] = Bus
+        self.bus_factory: Callable[..., BusSession] = Bus
 
     def down(self) -> None:
         self.proc.stop()
@@ -394,7 +395,7 @@ class _Mosquitto:
     def up(self) -> None:
         self.proc.start()
 
-    def sever(self, bus: Bus, client_id: str) -> None:
+    def sever(self, bus: BusSession, client_id: str) -> None:
         """Cut ``bus``'s TCP connection without an MQTT DISCONNECT (a crashed process: the
         broker publishes its last will). Reaches into aiomqtt/paho for the socket; when there
         is none (not connected) nothing is needed."""
@@ -410,11 +411,11 @@ class _Mosquitto:
 
 class _Memory:
     def __init__(self) -> None:
-        from linkguard.membus import MemoryBroker  # type: ignore[import-not-found]
+        from linkguard.membus import MemoryBroker
 
         self.broker = MemoryBroker()
         self.settings = _bus_settings()
-        self.bus_factory: Callable[..., Bus] = self.broker.bus_factory
+        self.bus_factory: Callable[..., BusSession] = self.broker.bus_factory
 
     def down(self) -> None:
         self.broker.stop()
@@ -422,7 +423,7 @@ class _Memory:
     def up(self) -> None:
         self.broker.start()
 
-    def sever(self, bus: Bus, client_id: str) -> None:
+    def sever(self, bus: BusSession, client_id: str) -> None:
         self.broker.kill_client(client_id)
 
     def close(self) -> None:
@@ -649,7 +650,9 @@ class _Live:
         # service still reads the retained plans and peer routes: before its first solve its
         # view of them (and of the epochs hosts ack) is partial
         for h in state.published if state.solver is not None else ():
-            self.plan_seen.setdefault((h, state.acked_epoch(h)), now)
+            epoch = state.acked_epoch(h)
+            assert epoch is not None  # a published plan's host has one
+            self.plan_seen.setdefault((h, epoch), now)
         for h, a in state.acks.items():
             if a.result == AckResult.APPLIED:
                 self.ack_seen.setdefault((h, a.epoch), now)
@@ -843,9 +846,9 @@ class _Live:
 
     def _switch(self, e: Event) -> None:
         if e.kind == "switch_down":
-            self.switches_down.add(e.switch)  # type: ignore[arg-type]
+            self.switches_down.add(e.switch_name)
         elif e.kind == "switch_up":
-            self.switches_down.discard(e.switch)  # type: ignore[arg-type]
+            self.switches_down.discard(e.switch_name)
         elif e.kind == "cables_down":
             assert e.cable is not None
             self.cables_down[e.cable.pair] = e.cable
@@ -884,7 +887,7 @@ class _Live:
             self._restart_agent(e.host)
             self.agents_down.discard(e.host)
 
-    async def _crash(self, bus: Bus, client_id: str, name: str) -> None:
+    async def _crash(self, bus: BusSession, client_id: str, name: str) -> None:
         """Kill a task of the fleet as a crash: sever its MQTT connection, cancel it."""
         task = self.tasks.get(name)
         if task is None or task.done():

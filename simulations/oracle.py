@@ -89,9 +89,9 @@ def pairs_to_check(
         rng = random.Random(seed)
         want = len(chosen) + sample
         while len(chosen) < want:
-            a, b = rng.randrange(n), rng.randrange(n)
-            if a != b:
-                chosen.add((names[a], names[b]))
+            i, j = rng.randrange(n), rng.randrange(n)
+            if i != j:
+                chosen.add((names[i], names[j]))
     order = {name: i for i, name in enumerate(names)}
     return sorted(chosen, key=lambda p: (order[p[0]], order[p[1]]))
 

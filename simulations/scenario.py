@@ -442,7 +442,7 @@ EventKind = Literal[
     "agent_down",
     "agent_up",
 ]
-EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -469,6 +469,32 @@ class Event:
     phys_state: PhysState | None = None
     switch: str | None = None
     cable: CableRef | None = None
+
+    # What each kind always sets (:func:`expand` makes every event), for the runners
+
+    @property
+    def port_key(self) -> tuple[str, int]:
+        """``(host, rail)`` of a port event."""
+        assert self.host is not None and self.rail is not None, f"{self.kind}: no port"
+        return self.host, self.rail
+
+    @property
+    def switch_name(self) -> str:
+        """The switch of a switch event."""
+        assert self.switch is not None, f"{self.kind}: no switch"
+        return self.switch
+
+    @property
+    def cable_ref(self) -> CableRef:
+        """The cables of a cable event."""
+        assert self.cable is not None, f"{self.kind}: no cable"
+        return self.cable
+
+    @property
+    def host_name(self) -> str:
+        """The host of a port or agent event."""
+        assert self.host is not None, f"{self.kind}: no host"
+        return self.host
 
     def __str__(self) -> str:
         what = [f"{self.at_s:9.3f} s  {self.kind}"]
@@ -584,8 +610,8 @@ def _load_fabric(src: FabricSource, path: Path) -> Fabric:
         raise ScenarioError(f"{path}: fabric.file: {exc}") from None
 
 
-def _label(i: int, fault: _Fault) -> str:
-    return f"timeline[{i}] ({fault.kind})"  # type: ignore[attr-defined]
+def _label(i: int, fault: Fault) -> str:
+    return f"timeline[{i}] ({fault.kind})"
 
 
 def _check(scenario: Scenario, fabric: Fabric) -> list[str]:
@@ -731,18 +757,18 @@ def _overlaps(scenario: Scenario, leaf_ports: dict[str, list]) -> list[str]:
     for key, spans in held.items():
         spans.sort()
         first = spans[0]  # of the spans so far, the one that ends last
-        for span in spans[1:]:
+        for later in spans[1:]:
             s0, e0, i0 = first
-            if span[0] < e0 or span[0] == s0:
-                i1 = span[2]
+            if later[0] < e0 or later[0] == s0:
+                i1 = later[2]
                 until = "the end" if e0 == inf else f"{e0:g} s"
                 problems.append(
                     f"{_label(i1, scenario.timeline[i1])}: overlaps "
                     f"{_label(i0, scenario.timeline[i0])} on {_resource_name(key)} (held from "
                     f"{s0:g} s until {until})"
                 )
-            if span[1] > e0:
-                first = span
+            if later[1] > e0:
+                first = later
     return problems
 
 
@@ -807,15 +833,49 @@ def _entry_events(
     """The events of timeline entry ``i`` in the order they happen inside it."""
     out: list[Event] = []
 
-    def add(t: float, kind: EventKind, **fields: object) -> None:
-        out.append(Event(at_s=round(t, 6), kind=kind, entry=i, **fields))  # type: ignore[arg-type]
+    def add(
+        t: float,
+        kind: EventKind,
+        *,
+        host: str | None = None,
+        rail: int | None = None,
+        hca: str | None = None,
+        port: int | None = None,
+        state: PortStateName | None = None,
+        phys_state: PhysState | None = None,
+        switch: str | None = None,
+        cable: CableRef | None = None,
+    ) -> None:
+        out.append(
+            Event(
+                at_s=round(t, 6),
+                kind=kind,
+                entry=i,
+                host=host,
+                rail=rail,
+                hca=hca,
+                port=port,
+                state=state,
+                phys_state=phys_state,
+                switch=switch,
+                cable=cable,
+            )
+        )
 
     def port(t: float, host: str, rail: int, reading: tuple[PortStateName, PhysState]) -> None:
         hca = next(c for c in fabric.host(host).hcas if c.rail == rail)
         state, phys = reading
         kind: EventKind = "port_up" if state == PortStateName.ACTIVE else "port_down"
-        fields = {"host": host, "rail": rail, "hca": hca.hca, "port": hca.port}
-        add(t, kind, state=state, phys_state=phys, **fields)
+        add(
+            t,
+            kind,
+            state=state,
+            phys_state=phys,
+            host=host,
+            rail=rail,
+            hca=hca.hca,
+            port=hca.port,
+        )
 
     t0 = f.at_s
     if isinstance(f, LinkDown):
@@ -833,25 +893,36 @@ def _entry_events(
         port(t0 + f.polling_s, f.host, f.rail, _TRAINED)
         port(t0 + f.polling_s + f.linkup_s, f.host, f.rail, _ACTIVE)
     elif isinstance(f, LeafReboot):
-        for t, kind, reading in ((t0, "switch_down", _DOWN), (t0 + f.down_s, "switch_up", _ACTIVE)):
-            add(t, kind, switch=f.leaf)  # type: ignore[arg-type]
+        reboot: tuple[tuple[float, EventKind, tuple[PortStateName, PhysState]], ...] = (
+            (t0, "switch_down", _DOWN),
+            (t0 + f.down_s, "switch_up", _ACTIVE),
+        )
+        for t, kind, reading in reboot:
+            add(t, kind, switch=f.leaf)
             for host, rail, _, _ in leaf_ports.get(f.leaf, []):
                 port(t, host, rail, reading)
-    elif isinstance(f, SpineLoss | UplinkLoss):
-        what, fields = (
-            ("switch", {"switch": f.spine})
-            if isinstance(f, SpineLoss)
-            else ("cables", {"cable": f.cable})
-        )
-        add(t0, f"{what}_down", **fields)  # type: ignore[arg-type]
+    elif isinstance(f, SpineLoss):
+        add(t0, "switch_down", switch=f.spine)
         if f.duration_s is not None:
-            add(t0 + f.duration_s, f"{what}_up", **fields)  # type: ignore[arg-type]
+            add(t0 + f.duration_s, "switch_up", switch=f.spine)
+    elif isinstance(f, UplinkLoss):
+        add(t0, "cables_down", cable=f.cable)
+        if f.duration_s is not None:
+            add(t0 + f.duration_s, "cables_up", cable=f.cable)
     elif isinstance(f, BrokerOutage | ServiceRestart | AgentRestart):
-        what = {BrokerOutage: "broker", ServiceRestart: "service", AgentRestart: "agent"}[type(f)]
-        fields = {"host": f.host} if isinstance(f, AgentRestart) else {}
-        add(t0, f"{what}_down", **fields)  # type: ignore[arg-type]
-        add(t0 + f.span_s(), f"{what}_up", **fields)  # type: ignore[arg-type]
+        down, up = _RESTART_KINDS[type(f)]
+        host = f.host if isinstance(f, AgentRestart) else None
+        add(t0, down, host=host)
+        add(t0 + f.span_s(), up, host=host)
     return out
+
+
+#: The events of a broker outage, a service restart and an agent restart.
+_RESTART_KINDS: dict[type[_Fault], tuple[EventKind, EventKind]] = {
+    BrokerOutage: ("broker_down", "broker_up"),
+    ServiceRestart: ("service_down", "service_up"),
+    AgentRestart: ("agent_down", "agent_up"),
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -76,7 +76,9 @@ def recv(flows: list[tuple[str, int, str]]) -> None:
         sel.register(s, selectors.EVENT_READ, open(out, "w", buffering=1))  # noqa: SIM115
     while True:
         for key, _ in sel.select():
-            data = key.fileobj.recv(64)  # type: ignore[union-attr]
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)  # only sockets are registered
+            data = sock.recv(64)
             if len(data) >= 16:
                 seq, _ = struct.unpack("!Qd", data[:16])
                 key.data.write(f"{seq} {time.monotonic():.6f}\n")
@@ -98,17 +100,18 @@ def _tcp_connect(src: str, dst: str, port: int) -> socket.socket:
 
 
 def tcpsend(interval_ms: float, flows: list[tuple[str, str, int]]) -> None:
-    conns = [[_tcp_connect(src, dst, port), b""] for src, dst, port in flows]
+    conns = [_tcp_connect(src, dst, port) for src, dst, port in flows]
+    pending = [b""] * len(conns)  # per connection: records not sent yet
     seq = 0
     interval = interval_ms / 1000
     next_at = time.monotonic()
     while True:
         record = struct.pack("!Qd", seq, time.monotonic()).ljust(RECORD, b"\0")
-        for c in conns:
-            c[1] += record
+        for i, c in enumerate(conns):
+            pending[i] += record
             try:
-                sent = c[0].send(c[1])
-                c[1] = c[1][sent:]
+                sent = c.send(pending[i])
+                pending[i] = pending[i][sent:]
             except BlockingIOError:
                 pass  # the kernel's buffer is full: the records wait here, in order
         seq += 1
@@ -132,7 +135,8 @@ def tcprecv(flows: list[tuple[str, int, str]]) -> None:
     while True:
         for key, _ in sel.select():
             kind, f = key.data
-            s: socket.socket = key.fileobj  # type: ignore[assignment]
+            s = key.fileobj
+            assert isinstance(s, socket.socket)  # only sockets are registered
             if kind == "listen":
                 conn, _ = s.accept()
                 bufs[conn] = b""
@@ -188,7 +192,8 @@ class Prober:
                 self.closed |= not chunk
                 self.buf += chunk
                 continue
-            s: socket.socket = key.fileobj  # type: ignore[assignment]
+            s = key.fileobj
+            assert isinstance(s, socket.socket)  # stdin is handled above: the rest are sockets
             while True:
                 try:
                     data, peer = s.recvfrom(256)

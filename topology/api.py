@@ -63,8 +63,9 @@ DASHBOARD = Path(__file__).with_name("dashboard")
 KEEPALIVE_S = 15.0
 #: what a stream client's EventSource waits before it reconnects (ms; SSE ``retry:``)
 RETRY_MS = 1000
-#: how long uvicorn lets open requests finish when the service stops (s)
-GRACE_S = 3.0
+#: how long uvicorn lets open requests finish when the service stops (whole s: uvicorn's
+#: ``timeout_graceful_shutdown`` is an int)
+GRACE_S = 3
 
 Kind = Literal["port", "port_event", "host", "plans", "ack", "audit", "health"]
 assert get_args(Kind) == KINDS, "topology.changes.KINDS changed: update Kind"
@@ -1097,8 +1098,10 @@ class ApiServer:
         """Serve until :meth:`stop` (binds first when :meth:`bind` was not called)."""
         if self._sock is None:
             self.bind()
+        sock = self._sock
+        assert sock is not None  # bind() set it (or raised)
         try:
-            await self._server.serve(sockets=[self._sock])  # type: ignore[list-item]
+            await self._server.serve(sockets=[sock])
         finally:
             self.close()
 

@@ -54,7 +54,7 @@ FindingKind = Literal[
 Severity = Literal["error", "warning"]
 
 #: Finding kinds in the order findings are sorted (within a severity).
-KINDS: tuple[str, ...] = get_args(FindingKind)
+KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 
 #: Severity of each kind. Errors cost capacity or correctness (a missing or slow cable, a port
 #: on the wrong leaf, a GUID the subnet manager sees twice, a host that never reported, an agent
@@ -164,7 +164,7 @@ def _inventory_diffs(
     """(HCA port key, expected text, observed text, problem) per difference."""
     want = {h.key: h for h in expected.hcas}
     got = {h.key: h for h in have.hcas}
-    out = [
+    out: list[tuple[str, str | None, str | None, str]] = [
         (k, f"rail {want[k].rail}", None, f"{k}: in the fabric, not on the host")
         for k in sorted(want.keys() - got.keys())
     ]
@@ -211,18 +211,15 @@ def _layout_diffs(
     fabric switch's devices when its host switch went to a larger group), or when the fabric's
     id is a PCI bus id (as ``linkguard layout --format fabric`` writes) other than the host's."""
     got = {h.key: h for h in have.hcas}
-    pairs = [
-        (c.key, c.pcie_switch, got[c.key].pcie_switch)
-        for c in expected.hcas
-        if c.key in got and c.pcie_switch is not None and got[c.key].pcie_switch is not None
-    ]
-    pairs += [
-        (f"gpu{g}", want, have.gpu_pcie_switch[g])
-        for g, want in enumerate(expected.gpu_pcie_switch)
-        if want is not None
-        and g < len(have.gpu_pcie_switch)
-        and have.gpu_pcie_switch[g] is not None
-    ]
+    pairs: list[tuple[str, str, str]] = []
+    for c in expected.hcas:
+        h = got.get(c.key)
+        if h is not None and c.pcie_switch is not None and h.pcie_switch is not None:
+            pairs.append((c.key, c.pcie_switch, h.pcie_switch))
+    for g, want in enumerate(expected.gpu_pcie_switch):
+        seen = have.gpu_pcie_switch[g] if g < len(have.gpu_pcie_switch) else None
+        if want is not None and seen is not None:
+            pairs.append((f"gpu{g}", want, seen))
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for _, want, seen in pairs:
         counts[want][seen] += 1
@@ -233,10 +230,11 @@ def _layout_diffs(
     taken = {w for w in mapped.values() if w is not None}
     for want in sorted(counts.keys() - mapped.keys(), key=lambda w: (-max(counts[w].values()), w)):
         free = [(-n, seen) for seen, n in counts[want].items() if seen.lower() not in taken]
-        mapped[want] = min(free)[1].lower() if free else None
-        if mapped[want] is not None:
-            taken.add(mapped[want])
-    out = []
+        match = min(free)[1].lower() if free else None
+        mapped[want] = match
+        if match is not None:
+            taken.add(match)
+    out: list[tuple[str, str | None, str | None, str]] = []
     for device, want, seen in pairs:
         if mapped[want] != seen.lower():
             problem = (
@@ -257,6 +255,16 @@ _MF0 = re.compile(r"^MF0;(?P<name>[^:;]+):")  # Mellanox switch NodeDescription 
 
 def _sig(link: Link) -> _Sig:
     return (link.rate_gbps, link.width, link.speed)
+
+
+def _masked(s: _Sig, known: list[bool]) -> _Sig:
+    """``s`` with each attribute that ``known`` says is not compared set to None."""
+    rate, width, speed = s
+    return (
+        rate if known[0] else None,
+        width if known[1] else None,
+        speed if known[2] else None,
+    )
 
 
 def _compatible(a: _Sig, b: _Sig) -> bool:
@@ -433,10 +441,10 @@ class _Links:
                 same = f" on the same rail {rail}" if rail is not None and rail == orail else ""
                 why = f"cabled to another leaf{where}{same}"
                 self.add("wrong_leaf", port, want, seen, why)
-        want, have = _sig(link), _sig(olink)
-        if not _compatible(want, have):
-            detail = _rate_detail(want, have)
-            self.add("wrong_rate", port, _sig_text(want), _sig_text(have), detail)
+        want_sig, have_sig = _sig(link), _sig(olink)
+        if not _compatible(want_sig, have_sig):
+            detail = _rate_detail(want_sig, have_sig)
+            self.add("wrong_rate", port, _sig_text(want_sig), _sig_text(have_sig), detail)
 
     # -- switch-switch links ------------------------------------------------------------------
 
@@ -456,10 +464,7 @@ class _Links:
         sigs = [{_sig(x) for x in side} for side in links]
         # an attribute that no cable of one side has is never compared: masked once, here
         known = [all(any(s[i] is not None for s in side) for side in sigs) for i in range(3)]
-        masks = [
-            {s: tuple(x if k else None for x, k in zip(s, known, strict=True)) for s in side}
-            for side in sigs
-        ]
+        masks = [{s: _masked(s, known) for s in side} for side in sigs]
         tallies: tuple[dict, dict] = ({}, {})
         for side, fabric in ((0, self.exp), (1, self.obs)):
             ends = {s.name: self.end(s.name, observed=bool(side)) for s in fabric.switches}
@@ -469,7 +474,7 @@ class _Links:
                 key = ((a, b) if a <= b else (b, a), mask[(link.rate_gbps, link.width, link.speed)])
                 tally[key] = tally.get(key, 0) + 1
         # masked -> a full signature, for the texts
-        full = tuple({m: s for s, m in mask.items()} for mask in masks)
+        full = ({m: s for s, m in masks[0].items()}, {m: s for s, m in masks[1].items()})
         groups: dict[tuple[_End, _End], tuple[dict[_Sig, int], dict[_Sig, int]]] = {}
         for side, tally in enumerate(tallies):
             for (pair, sig), n in tally.items():
@@ -654,10 +659,12 @@ def audit(
             )
     for h, inv in inventories.items():
         if h in exp_hosts:
-            for key, want, have, problem in _inventory_diffs(exp_hosts[h], inv):
-                out.append(_finding("inventory_mismatch", f"{h}:{key}", want, have, problem))
-            for key, want, have, problem in _layout_diffs(exp_hosts[h], inv):
-                out.append(_finding("layout_mismatch", f"{h}:{key}", want, have, problem))
+            for key, exp_text, obs_text, problem in _inventory_diffs(exp_hosts[h], inv):
+                out.append(
+                    _finding("inventory_mismatch", f"{h}:{key}", exp_text, obs_text, problem)
+                )
+            for key, exp_text, obs_text, problem in _layout_diffs(exp_hosts[h], inv):
+                out.append(_finding("layout_mismatch", f"{h}:{key}", exp_text, obs_text, problem))
     if observed is not None and observed.links and expected.links:
         out += _Links(expected, observed, guids).run(missing)
     out += _duplicate_guids(observed, guids)

@@ -200,10 +200,11 @@ def summary_text(fabric: Fabric, *, hosts_shown: int = 8) -> str:
         ix = _Index(fabric)
         lines += ["", f"  first {len(shown)} of {s.hosts} hosts"]
         for h in shown:
-            su = ix.host_su.get(h.host)
+            host_su = ix.host_su.get(h.host)
             rails = " ".join(f"r{c.rail}={c.address}" for c in h.hcas)
             eps = f"{h.endpoints[0]}..{h.endpoints[-1]}" if h.endpoints else "-"
-            lines.append(f"  {h.host:<12} SU {'-' if su is None else su:<3} {rails}  GPUs {eps}")
+            su_text = "-" if host_su is None else host_su
+            lines.append(f"  {h.host:<12} SU {su_text:<3} {rails}  GPUs {eps}")
     return "\n".join(lines) + "\n"
 
 
@@ -419,9 +420,9 @@ def to_ibnetdiscover(
     for i, link in enumerate(links):
         row: list[int | None] = []
         for end, port in ((link.a, link.a_port), (link.b, link.b_port)):
-            host = _host_end(end)
-            if host is not None:
-                port = host[2]
+            host_end = _host_end(end)
+            if host_end is not None:
+                port = host_end[2]
             elif end not in used:
                 raise ValueError(f"links[{i}]: unknown switch {end!r}")
             elif port is not None:
@@ -430,14 +431,18 @@ def to_ibnetdiscover(
                 used[end].add(port)
             row.append(port)
         ends.append(row)
+    port_pairs: list[tuple[int, int]] = []  # (a's port, b's port) per link, all given now
     for link, row in zip(links, ends, strict=True):
+        filled: list[int] = []
         for k, end in enumerate((link.a, link.b)):
-            if row[k] is None:
+            free = row[k]
+            if free is None:
                 free = 1
                 while free in used[end]:
                     free += 1
                 used[end].add(free)
-                row[k] = free
+            filled.append(free)
+        port_pairs.append((filled[0], filled[1]))
     for name, ports in used.items():
         if ports and max(ports) > 255:
             raise ValueError(f"switch {name} needs {max(ports)} ports (InfiniBand allows 255)")
@@ -454,15 +459,18 @@ def to_ibnetdiscover(
     ca_ports: dict[tuple[str, str], dict[int, str]] = {key: {} for key in ca_guid}
     sw_lines: dict[str, dict[int, str]] = {s.name: {} for s in fabric.switches}
     ca_lid = len(fabric.switches)
-    for link, (pa, pb) in zip(links, ends, strict=True):
+    for link, (pa, pb) in zip(links, port_pairs, strict=True):
         ws = _width_speed(link)
         ha, hb = _host_end(link.a), _host_end(link.b)
-        if ha is None and hb is None:  # switch - switch
+        if ha is not None:
+            (host, hca, cp), sw, sp = ha, link.b, pb
+        elif hb is not None:
+            (host, hca, cp), sw, sp = hb, link.a, pa
+        else:  # switch - switch
             ga, gb = guid[link.a], guid[link.b]
             sw_lines[link.a][pa] = f'"S-{gb}"[{pb}]\t\t# "{desc[link.b]}" lid {lid[link.b]} {ws}'
             sw_lines[link.b][pb] = f'"S-{ga}"[{pa}]\t\t# "{desc[link.a]}" lid {lid[link.a]} {ws}'
             continue
-        (host, hca, cp), sw, sp = (ha, link.b, pb) if ha is not None else (hb, link.a, pa)
         g, base = ca_guid[(host, hca)]
         if cp in ca_ports[(host, hca)]:
             raise ValueError(f"{host}:{hca}/{cp} is cabled twice")
@@ -477,18 +485,18 @@ def to_ibnetdiscover(
     out = ["#\n# Topology file: written by linkguard fabric export\n#"]
     for s in fabric.switches:
         g = guid[s.name]
-        ports = sw_lines[s.name]
+        sw_ports = sw_lines[s.name]
         out.append(
             f"\nswitchguid=0x{g}({g})\n"
-            f'Switch\t{max(ports, default=1)} "S-{g}"\t\t# "{desc[s.name]}" enhanced port 0 '
+            f'Switch\t{max(sw_ports, default=1)} "S-{g}"\t\t# "{desc[s.name]}" enhanced port 0 '
             f"lid {lid[s.name]} lmc 0"
         )
-        for p in sorted(ports):
-            out.append(f"[{p}]\t{ports[p]}")
-    for (host, hca), ports in ca_ports.items():
+        for p in sorted(sw_ports):
+            out.append(f"[{p}]\t{sw_ports[p]}")
+    for (host, hca), hca_ports in ca_ports.items():
         g = ca_guid[(host, hca)][0]
-        out.append(f'\ncaguid=0x{g}\nCa\t{max(ports)} "H-{g}"\t\t# "{host} {hca}"')
-        out.extend(ports[p] for p in sorted(ports))
+        out.append(f'\ncaguid=0x{g}\nCa\t{max(hca_ports)} "H-{g}"\t\t# "{host} {hca}"')
+        out.extend(hca_ports[p] for p in sorted(hca_ports))
     return "\n".join(out) + "\n", {f"S-{g}": name for name, g in guid.items()}
 
 

@@ -252,15 +252,15 @@ class Fabric(_Model):
                         )
             if link.kind != "host-leaf":
                 continue
-            hca = ports.get(link.a) or ports.get(link.b)
+            cabled_hca = ports.get(link.a) or ports.get(link.b)
             leaf = link.b if link.a in ports else link.a
             rails = {"link": link.rail, "leaf": None if observed else leaf_rail.get(leaf)}
             for what, rail in rails.items():
-                if hca is not None and rail is not None and rail != hca.rail:
+                if cabled_hca is not None and rail is not None and rail != cabled_hca.rail:
                     hint = " Only an observed fabric may be, as `fabric audit --fabric` reads it"
                     raise ValueError(
-                        f"links[{i}] {link.a} - {link.b}: the HCA is on rail {hca.rail} but "
-                        f"the {what} says rail {rail} (cabled to another rail's leaf?"
+                        f"links[{i}] {link.a} - {link.b}: the HCA is on rail {cabled_hca.rail} "
+                        f"but the {what} says rail {rail} (cabled to another rail's leaf?"
                         f"{hint if what == 'leaf' else ''})"
                     )
         self._by_name = seen

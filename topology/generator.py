@@ -33,6 +33,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 from linkguard.topology.fabric import (
@@ -61,7 +62,7 @@ CORE_MIN_SUS = 16
 #: Link kind of a spine-to-core cable. The fabric model has no "core" role: a core switch is a
 #: spine (``role="spine"``) of no SU (``su=None``), cabled to SU spines by ``spine-spine`` links
 #: (NVIDIA's "super spine").
-SPINE_CORE_KIND = "spine-spine"
+SPINE_CORE_KIND: Final = "spine-spine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +370,7 @@ def _hosts(
         return (0 if i < n / 2 else 1) if numa_split else 0
 
     rail_numa = [numa(r, rails) for r in range(rails)]
-    gpu_numa = [numa(g, gpus) for g in range(gpus)]
+    gpu_numa: list[int | None] = [numa(g, gpus) for g in range(gpus)]
     rail_switch: list[str | None] = [None] * rails
     gpu_switch: list[str | None] = []
     if per_switch:
@@ -390,7 +391,7 @@ def _hosts(
     IP = ipaddress.IPv4Address
     per_rail = -(-gpus // rails) if rails else 0
 
-    def endpoint(h: int, g: int) -> IP:
+    def endpoint(h: int, g: int) -> ipaddress.IPv4Address:
         r, j = g % rails, g // rails
         return IP(ebase + r * esize + h * per_rail + j + 1)
 

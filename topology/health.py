@@ -97,11 +97,11 @@ class SwitchModel:
                 if port in rail_of_port:
                     self.host_leaf[leaf].append(rail_of_port[port])
                 continue
-            leaf = None
+            pair_leaf: str | None = None
             if link.kind == "leaf-spine":
-                leaf = link.a if self.names[link.a].role == "leaf" else link.b
+                pair_leaf = link.a if self.names[link.a].role == "leaf" else link.b
             key = (link.a, link.b) if link.a <= link.b else (link.b, link.a)
-            self.pairs[key].append((i, link.kind, link.rate_gbps or 0.0, leaf))
+            self.pairs[key].append((i, link.kind, link.rate_gbps or 0.0, pair_leaf))
         self.by_rail: dict[int, list[str]] = defaultdict(list)
         for name in sorted(self.names):
             sw = self.names[name]
@@ -123,7 +123,7 @@ class SwitchModel:
                 raise ValueError(
                     f"link index {i} out of range (fabric has {len(self.fabric.links)})"
                 )
-        graph = nx.Graph()
+        graph: nx.Graph[str] = nx.Graph()
         graph.add_nodes_from(n for n in names if n not in dead)
         up: dict[str, float] = defaultdict(float)
         nominal: dict[str, float] = defaultdict(float)

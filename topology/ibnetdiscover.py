@@ -555,11 +555,11 @@ class _Parser:
             )
         seen_pguid: dict[str, tuple[int, int]] = {}
         for where, g in port_guids.items():
-            other = seen_pguid.setdefault(g, where)
-            if other != where:
-                a, b = self.recs[other[0]].name, self.recs[where[0]].name
+            first = seen_pguid.setdefault(g, where)
+            if first != where:
+                a, b = self.recs[first[0]].name, self.recs[where[0]].name
                 self.warnings.append(
-                    f"duplicate port GUID {g}: {a!r} port {other[1]} and {b!r} port {where[1]}"
+                    f"duplicate port GUID {g}: {a!r} port {first[1]} and {b!r} port {where[1]}"
                 )
         return self.build(links, port_guids)
 
@@ -942,16 +942,17 @@ class _Builder:
         hosts: list[HostInventory] = []
         links: list[Link] = []
         leaf_rails: dict[int, set[int]] = defaultdict(set)
-        for h, host in enumerate(order):
+        for pos, host in enumerate(order):
             hcas = []
             for ca, cp, sw, sp, cable in per_host[host]:
                 rail = rail_of[(ca, cp)]
                 hca = names[host][ca]
-                address = ipaddress.IPv4Address(base + rail * size + h + 1)
+                address = ipaddress.IPv4Address(base + rail * size + pos + 1)
                 hcas.append(HCAInfo(hca=hca, port=cp, rail=rail, address=address))
                 leaf_rails[sw].add(rail)
-                if self.nodes[ca].guid:
-                    self.guids[f"{host}:{hca}"] = self.nodes[ca].guid
+                guid = self.nodes[ca].guid
+                if guid:
+                    self.guids[f"{host}:{hca}"] = guid
                 if (ca, cp) in self.topo.port_guids:
                     self.guids[f"{host}:{hca}/{cp}"] = self.topo.port_guids[(ca, cp)]
                 links.append(
@@ -1069,16 +1070,19 @@ class _Builder:
 
 
 def _link(a: str, ap: int, b: str, bp: int, kind: str, rail: int | None, cable: IBLink) -> Link:
-    return Link(
-        a=a,
-        b=b,
-        kind=kind,  # type: ignore[arg-type]
-        rail=rail,
-        rate_gbps=cable.rate_gbps,
-        a_port=ap,
-        b_port=bp,
-        width=cable.width,  # type: ignore[arg-type]
-        speed=cable.speed,  # type: ignore[arg-type]
+    # the dump's width and speed text as parsed: Link's validation checks them
+    return Link.model_validate(
+        {
+            "a": a,
+            "b": b,
+            "kind": kind,
+            "rail": rail,
+            "rate_gbps": cable.rate_gbps,
+            "a_port": ap,
+            "b_port": bp,
+            "width": cable.width,
+            "speed": cable.speed,
+        }
     )
 
 

@@ -331,11 +331,15 @@ class _Lease(Protocol):
     """What :func:`keep_lease` needs of a lease holder (:class:`EtcdLease`,
     :class:`~linkguard.topology.leader_k8s.KubernetesLease`)."""
 
-    ttl_s: float
-    margin_s: float
     deadline: float  # monotonic s: leadership ends here unless a renewal moves it
-    term: int | None
     lost: asyncio.Event
+
+    @property
+    def ttl_s(self) -> float: ...
+    @property
+    def margin_s(self) -> float: ...
+    @property
+    def term(self) -> int | None: ...
 
     def _lose(self, why: str) -> None: ...
 

@@ -48,13 +48,14 @@ import signal
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
+from pydantic import BaseModel
 
 from linkguard import __version__, topics
-from linkguard.bus import Bus, BusMessage, Will
+from linkguard.bus import Bus, BusMessage, BusSession, Will
 from linkguard.config import ConfigError, ServiceSettings
 from linkguard.ledger import Ledger, LedgerError
 from linkguard.models import (
@@ -118,7 +119,7 @@ REISSUE_INTERVAL_S = 1.0
 #: one is counted in ``dropped``.
 PROBE_DROP_LOG_S = 60.0
 
-_DECODERS = {
+_DECODERS: dict[str, type[BaseModel]] = {
     "port": PortState,
     "status": HostStatus,
     "ack": Ack,
@@ -160,7 +161,7 @@ class TopologyService:
         settings: ServiceSettings,
         *,
         fabric: Fabric | None = None,
-        bus_factory: Callable[..., Bus] = Bus,
+        bus_factory: Callable[..., BusSession] = Bus,
     ) -> None:
         """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
         arguments); simulations pass an in-memory bus."""
@@ -269,7 +270,7 @@ class TopologyService:
         #: localisation (never acted on; :meth:`probe_verdicts` lists them)
         self.probe_inconclusive: dict[str, tuple[ProbeVerdict, float]] = {}
         self._leaves = {sw.name: sw for sw in self.fabric.switches if sw.role == "leaf"}
-        self.bus = bus_factory(
+        self.bus: BusSession = bus_factory(
             **settings.bus.connection(),
             client_id=f"linkguard-topology-{self.me.instance}",
             subscriptions=[
@@ -286,7 +287,7 @@ class TopologyService:
             will=Will(topics.service_status(), encode(self._status(online=False))),
         )
         if self.leadership.elected:  # every publish behind the leadership fence
-            self.bus = FencedBus(self.bus, self.leadership)  # type: ignore[assignment]
+            self.bus = FencedBus(self.bus, self.leadership)
 
     def _status(self, *, online: bool) -> ServiceStatus:
         lead = self.leadership.describe() if online and self.leadership.elected else {}
@@ -389,8 +390,9 @@ class TopologyService:
             stop = asyncio.create_task(self._stop.wait(), name="stop")
             done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if t is not stop and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+                exc = t.exception() if t is not stop else None
+                if exc is not None:
+                    raise exc
             if self.duplicate is None:  # never mark the other instance offline
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
@@ -467,7 +469,9 @@ class TopologyService:
         # event loop, as the solver's publishes are; one a solve replaced meanwhile is skipped
         # (the solve published the newer one)
         state = self.state
-        msgs = [(topics.peer_routes(h), p, state.peers) for h, p in list(state.peers.items())]
+        msgs: list[tuple[str, Plan | PeerRoutes, Mapping[str, Plan | PeerRoutes]]] = [
+            (topics.peer_routes(h), p, state.peers) for h, p in list(state.peers.items())
+        ]
         msgs += [(topics.plan(h), p, state.published) for h, p in list(state.published.items())]
         sealed = await asyncio.to_thread(lambda: [self._seal(encode(m)) for _, m, _ in msgs])
         payloads = [
@@ -959,7 +963,13 @@ class TopologyService:
         def row(
             kind: str, subject: PortId | str, since: float, **fields: object
         ) -> dict[str, object]:
-            place = {"host": None, "rail": None, "hca": None, "port": None, "leaf": None}
+            place: dict[str, object] = {
+                "host": None,
+                "rail": None,
+                "hca": None,
+                "port": None,
+                "leaf": None,
+            }
             place |= {"su": None} | self._probe_place(subject)
             return {
                 "kind": kind,
@@ -1120,8 +1130,9 @@ class TopologyService:
         verifier = self.signer.verifier if self.signer is not None else None
         with contextlib.suppress(BadMessage, SignatureError):
             opened = unwrap(msg.payload, verifier, require=False)
+            model: type[Plan] | type[PeerRoutes] = Plan if kind == "plan" else PeerRoutes
             obj = decode(
-                _DECODERS[kind],
+                model,
                 opened.body,
                 topic=msg.topic,
                 expect_host=host,

@@ -455,11 +455,12 @@ class Solver:
         if not self._is_shared(pos):
             return self.plan(name, epoch=epoch, now=now)
         h = self._hosts[pos]
-        shared = SharedRoutes.model_construct(
-            position=pos,
-            hosts=self.n,
-            netdevs={r: h.by_rail[r].netdev for r in h.rails},
-        )
+        netdevs: dict[int, str] = {}
+        for r in h.rails:
+            netdev = h.by_rail[r].netdev
+            assert netdev is not None  # shared mode: every HCA of the fabric has a netdev
+            netdevs[r] = netdev
+        shared = SharedRoutes.model_construct(position=pos, hosts=self.n, netdevs=netdevs)
         return self._plan(h, {}, epoch=epoch, now=now, shared=shared)
 
     def peer_routes(self, name: str, *, epoch: int, now: float) -> PeerRoutes:
@@ -798,6 +799,8 @@ class Solver:
         key = (p.pos, g, x, netdev)
         m = self._route_cache.get(key)
         if m is None:
+            gateway = p.by_rail[x].address
+            assert gateway is not None  # a Fabric's every HCA has an address (its validation)
             m = RouteAssignment.model_construct(
                 destination=p.inv.endpoints[g],
                 peer=p.inv.host,
@@ -805,7 +808,7 @@ class Solver:
                 rail=x,
                 home_rail=p.home[g],
                 netdev=netdev,
-                gateway=p.by_rail[x].address,
+                gateway=gateway,
             )
             self._route_cache[key] = m
         return m
@@ -840,7 +843,9 @@ class PlanLookup:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self._routes = {r.destination: (r.rail,) for r in plan.routes}
+        self._routes: dict[IPv4Address, tuple[int, ...]] = {
+            r.destination: (r.rail,) for r in plan.routes
+        }
         self._unreachable = set(plan.unreachable)
         self._prefixes = [(pr.prefix, tuple(pr.rails)) for pr in plan.prefix_routes]
 
@@ -869,16 +874,16 @@ def nic_load(
     taken out of the prefix they override). ``fabric_endpoints_per_rail``: endpoints homed on
     each rail in the whole fabric excluding this host's own (needed for prefix routes; without
     it only /32 routes are counted)."""
-    load: Counter[int] = Counter()
+    load: dict[int, float] = {}
     over: Counter[int] = Counter(r.home_rail for r in plan.routes)
     over.update(Counter(_home_of_unreachable(plan)))
     for r in plan.routes:
-        load[r.rail] += 1
+        load[r.rail] = load.get(r.rail, 0) + 1
     if fabric_endpoints_per_rail:
         for pr in plan.prefix_routes:
             n = fabric_endpoints_per_rail.get(pr.home_rail, 0) - over.get(pr.home_rail, 0)
             for x in pr.rails:
-                load[x] += n / len(pr.rails)
+                load[x] = load.get(x, 0) + n / len(pr.rails)
     return dict(sorted(load.items()))
 
 

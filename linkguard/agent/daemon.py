@@ -51,7 +51,7 @@ from linkguard.agent.inventory import (
 from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import MonitorOutput, PortMonitor
 from linkguard.agent.railmap import RailChanges, rail_view
-from linkguard.bus import Bus, BusMessage, Will
+from linkguard.bus import Bus, BusMessage, BusSession, Will
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
 from linkguard.jobenv import AGENT_LOCK, AgentLock
@@ -132,7 +132,7 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
         from linkguard.drivers.merged import CarrierMergedSource
         from linkguard.drivers.sysfs_ib import SysfsIBSource
 
-        sysfs = SysfsIBSource(
+        sysfs_ib = SysfsIBSource(
             root=settings.sysfs_root,
             interval_s=settings.poll_interval_ms / 1000,
             ports={h.key for h in inventory.hcas},
@@ -141,7 +141,7 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
         from linkguard.drivers.verbs_events import with_verbs_events
 
         sysfs = with_verbs_events(  # async events trigger re-reads (polling stays the truth)
-            sysfs,
+            sysfs_ib,
             mode=settings.verbs_events,
             driver=settings.driver,
             sysfs_root=settings.sysfs_root,
@@ -150,11 +150,15 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
             reader=settings.verbs_reader,
         )
         # RoCE: the netdev's carrier (netlink) is the health signal; sysfs adds the RDMA view.
-        roce = [h for h in inventory.hcas if h.link_layer == LinkLayer.ETHERNET and h.netdev]
+        roce = [
+            NetlinkPort(h.hca, h.port, h.netdev, h.link_layer)
+            for h in inventory.hcas
+            if h.link_layer == LinkLayer.ETHERNET and h.netdev
+        ]
         if not roce:
             return sysfs
         carrier = NetlinkPortSource(
-            ports=[NetlinkPort(h.hca, h.port, h.netdev, h.link_layer) for h in roce],
+            ports=roce,
             netns=settings.netns,
         )
         return CarrierMergedSource(primary=sysfs, carrier=carrier)
@@ -163,7 +167,12 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
         if missing:
             raise ValueError(f"netlink driver needs a netdev for every port; missing: {missing}")
         return NetlinkPortSource(
-            ports=[NetlinkPort(h.hca, h.port, h.netdev, h.link_layer) for h in inventory.hcas],
+            # every port has a netdev (checked above)
+            ports=[
+                NetlinkPort(h.hca, h.port, h.netdev, h.link_layer)
+                for h in inventory.hcas
+                if h.netdev
+            ],
             netns=settings.netns,
         )
     raise ConfigError(
@@ -181,7 +190,7 @@ class Agent:
         source: PortSource | None = None,
         table: RouteTableLike | None = None,
         discovered: Sequence[DiscoveredPort] | None = None,
-        bus_factory: Callable[..., Bus] = Bus,
+        bus_factory: Callable[..., BusSession] = Bus,
     ) -> None:
         """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
         arguments); simulations pass an in-memory bus."""
@@ -259,7 +268,7 @@ class Agent:
         # (counter verdicts, reference rates) last written; None: the file needs a rewrite
         self._health_saved: tuple[dict[str, str], dict[str, float]] | None = None
         #: verdicts of counter_health.json kept as they are while counter health is disabled
-        self._health_kept: dict[str, object] = {}
+        self._health_kept: dict[str, dict[str, object]] = {}
         self._restore_health()
         self.applier = Applier(
             host=self.host,
@@ -420,6 +429,7 @@ class Agent:
         switch ids (the service then ranks alternates by NUMA node), said once in the log."""
         s = self.settings
         sysfs = pci_root(s.sysfs_root) if s.driver != "simulated" else None
+        why: str | None
         try:
             layout = await asyncio.to_thread(
                 read_host_layout, nccl_topo_file=s.nccl_topo_file, sysfs=sysfs

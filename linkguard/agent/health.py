@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -180,7 +180,9 @@ class CounterHealthPolicy(SettingsModel):
     @classmethod
     def _fill_thresholds(cls, data: object) -> object:
         # a counter given only degrade or only clear gets the other one (class docstring)
-        given = data.get("thresholds") if isinstance(data, Mapping) else None
+        if not isinstance(data, Mapping):
+            return data  # pydantic says what is wrong
+        given = data.get("thresholds")
         if not isinstance(given, Mapping):
             return data  # absent, or not a mapping: pydantic says what is wrong
         unknown = [n for n in given if n not in DEFAULT_THRESHOLDS]
@@ -217,7 +219,7 @@ class CounterHealthPolicy(SettingsModel):
         return self
 
 
-def _unknown_counters(names: list[object]) -> None:
+def _unknown_counters(names: Sequence[object]) -> None:
     """ValueError naming the counters that are not in ``DEFAULT_THRESHOLDS``."""
     raise ValueError(
         f"thresholds: unknown counter(s) {', '.join(sorted(map(str, names)))}; known: "
@@ -254,7 +256,7 @@ def _fill_threshold(name: str, t: Mapping[str, object]) -> dict[str, object]:
         d = _as_int(out["degrade"])
         # a degrade under 1 is refused on its own; the clear filled in must not add an error
         keep = d is None or d < 1 or default.clear < d
-        out["clear"] = default.clear if keep else d // 10
+        out["clear"] = default.clear if d is None or keep else d // 10
     d, c = _as_int(out["degrade"]), _as_int(out["clear"])
     if d is not None and d >= 1 and c is not None and c >= d:  # degrade 0: pydantic's ge=1
         which = ", the default degrade" if "degrade" not in t else ""

@@ -58,7 +58,7 @@ TAIL_BYTES = 2000
 def triggers(hook: HookSettings, lost_before: int | None, lost_after: int) -> list[str]:
     """The conditions of ``hook`` that a change from ``lost_before`` lost rails (None: the
     first change since the agent started) to ``lost_after`` meets, in ``hook.when`` order."""
-    out = []
+    out: list[str] = []
     for w in hook.when:
         if w == "change":
             out.append(w)
@@ -293,14 +293,15 @@ class HookRunner:
         """Write ``payload`` to the stdin of ``proc`` and close it, keep the tails of its
         stdout and stderr, wait for it to exit."""
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stdin = proc.stdin
 
         async def feed() -> None:
             # a hook that exits without reading its stdin is fine
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(payload)
-                await proc.stdin.drain()
+                stdin.write(payload)
+                await stdin.drain()
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.close()
+                stdin.close()
 
         async def tail(stream: asyncio.StreamReader, keep: bytearray) -> None:
             while chunk := await stream.read(65536):

@@ -83,11 +83,12 @@ def build_inventory(
     PCI address and a port has none.
     """
     found = {(d.hca, d.port): d for d in discovered}
+    entries: list[tuple[PortConfig | None, DiscoveredPort]]
     if configured:
         entries = []
-        for c in configured:
-            d = found.get((c.hca, c.port), DiscoveredPort(c.hca, c.port))
-            entries.append((c, d))
+        for pc in configured:
+            d = found.get((pc.hca, pc.port), DiscoveredPort(pc.hca, pc.port))
+            entries.append((pc, d))
     else:
         entries = [(None, d) for d in compute_ports(discovered)]
     taken = {c.rail for c, _ in entries if c is not None and c.rail is not None}

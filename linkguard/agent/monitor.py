@@ -56,7 +56,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import structlog
 from pydantic import ConfigDict, ValidationError, model_validator
@@ -481,7 +481,7 @@ class PortMonitor:
         return {k: v for k, v in saved.items() if k in self._rails}
 
     def restore(
-        self, history: Mapping[str, Mapping[str, object]], *, now: float, wall: float
+        self, history: Mapping[str, Mapping[str, Any]], *, now: float, wall: float
     ) -> list[str]:
         """Take back a :meth:`history` saved by the previous agent, before the first reading: a
         port that was down or held down when it stopped is not UP at once when the new agent
@@ -497,9 +497,10 @@ class PortMonitor:
                 hca, _, port = key.partition("/")
                 PortRef(host=self.host, hca=hca, port=int(port))
 
-                def m(field: str, h: Mapping[str, object] = h) -> float | None:
+                # JSON values as the file had them: a wrong type is a TypeError/ValueError here
+                def m(field: str, h: Mapping[str, Any] = h) -> float | None:
                     v = h.get(field)
-                    return None if v is None else float(v) - off  # type: ignore[arg-type]
+                    return None if v is None else float(v) - off
 
                 last_flap = m("last_flap")
                 if last_flap is not None and now >= last_flap + self.policy.quiet_period_s:
@@ -507,11 +508,11 @@ class PortMonitor:
                 p = _Port(hca=hca, port=int(port), rail=self._rails.get(key))
                 p.raw = bool(h["raw"])
                 p.raw_reason = None if p.raw else "down before restart"
-                p.flaps = int(h["flaps"])  # type: ignore[call-overload]
+                p.flaps = int(h["flaps"])
                 p.last_flap = last_flap
-                p.hold_s = float(h["hold_s"])  # type: ignore[arg-type]
+                p.hold_s = float(h["hold_s"])
                 p.hold_until = m("hold_until")
-                p.penalty = float(h["penalty"])  # type: ignore[arg-type]
+                p.penalty = float(h["penalty"])
                 p.penalty_at = m("penalty_at") or now
                 p.suppressed = bool(h["suppressed"])
                 p.reuse_at = m("reuse_at")
@@ -806,7 +807,8 @@ class PortMonitor:
             # a rate held for rate_settle_s (counters may be over a threshold: the rate is
             # still right); one glitched reading (a retrain caught mid-way, a corrupt file)
             # never becomes the bar the port is then held to
-            p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)  # type: ignore[union-attr]
+            assert p.obs is not None and p.obs.rate_gbps is not None  # _rate_settled: both set
+            p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)
         if p.readmit_reason is not None or p.health_reason is not None:
             return PortStatus.DEGRADED
         if o is not None:
@@ -1003,7 +1005,8 @@ class PortMonitor:
             hold_down_s=self._hold_display(p),
             hold_down_remaining_s=max(0.0, max(ends) - now),
         )
-        fields = {
+        # values checked by PortState's validation (below), not by their static types
+        fields: dict[str, Any] = {
             "host": self.host,
             "hca": p.hca,
             "port": p.port,

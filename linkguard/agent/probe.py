@@ -39,7 +39,7 @@ import socket
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from scapy.contrib.roce import BTH
 from scapy.fields import ByteEnumField, ByteField, LongField, ShortField, StrFixedLenField
@@ -169,13 +169,15 @@ def parse_probe(data: bytes, mode: Mode = "udp") -> Probe:
 
 
 class _Proto(asyncio.DatagramProtocol):
-    def __init__(self, on_datagram) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, on_datagram) -> None:
         self.on_datagram = on_datagram
         self.transport: asyncio.DatagramTransport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a datagram endpoint's: asyncio's selector transport has DatagramTransport's methods
+        # without deriving from it
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
@@ -195,7 +197,7 @@ class _Proto(asyncio.DatagramProtocol):
         pass
 
 
-async def _endpoint(on, sock: socket.socket | None, local: tuple[str, int]) -> _Proto:  # type: ignore[no-untyped-def]
+async def _endpoint(on, sock: socket.socket | None, local: tuple[str, int]) -> _Proto:
     """A datagram endpoint on ``sock`` (already bound, e.g. made in another network
     namespace or with ``SO_BINDTODEVICE``) or on a new socket bound to ``local``."""
     loop = asyncio.get_running_loop()
