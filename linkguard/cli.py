@@ -878,9 +878,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sf.add_argument(
         "--hosts",
-        type=_positive(int, lo=1, hi=16384),
+        type=_positive(int, lo=2, hi=16384),
         default=2048,
-        help="hosts in the generated fabric (default 2048; hosts x rails <= 131,072 ports)",
+        help="hosts in the generated fabric (2-16384, default 2048: one job needs a peer; "
+        "hosts x rails <= 131,072 ports)",
     )
     sf.add_argument(
         "--rails",

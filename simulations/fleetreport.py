@@ -308,7 +308,8 @@ class FleetReport(PricedTransports):
         lines.append(
             f"  worst NIC load: {n['host']} with rails {n['rails_down']} down (day "
             f"{n['at_s'] / 86400:.2f}): {n['max_load']:g} peer endpoints on its busiest NIC vs "
-            f"{n['baseline_max']:g} with all rails up ({n['ratio']:g}x)"
+            f"{n['baseline_max']:g} with all rails up"
+            + (f" ({n['ratio']:g}x)" if n["ratio"] is not None else "")
             if n
             else "  worst NIC load: no outage"
         )

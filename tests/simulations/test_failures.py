@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -182,6 +183,10 @@ def test_with_and_without_arithmetic(tmp_path: Path) -> None:
     n = rep.worst_nic_load
     assert n is not None
     assert (n["max_load"], n["baseline_max"], n["ratio"]) == (4.0, 3.0, pytest.approx(4 / 3, 1e-3))
+    assert "vs 3 with all rails up (1.3333x)\n" in rep.text()
+    # no load with all rails up to compare against (a host without peers): no ratio printed
+    alone = dataclasses.replace(rep, worst_nic_load={**n, "baseline_max": 0.0, "ratio": None})
+    assert "vs 0 with all rails up\n" in alone.text()
 
 
 def test_a_host_with_no_rail_left_costs_as_without_linkguard(tmp_path: Path) -> None:
@@ -307,7 +312,7 @@ def test_cli_sim_fleet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     # too big a fabric, bad numbers: exit 2
     assert main(["sim", "fleet", "--hosts", "16384", "--rails", "9"]) == 2
     assert "above 131,072 host ports" in capsys.readouterr().err
-    for bad in (["--days", "0"], ["--hosts", "0"], ["--seed", "-1"]):
+    for bad in (["--days", "0"], ["--hosts", "0"], ["--hosts", "1"], ["--seed", "-1"]):
         with pytest.raises(SystemExit) as e:
             main(["sim", "fleet", *bad])
         assert e.value.code == 2
