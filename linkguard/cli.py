@@ -1586,10 +1586,11 @@ def _sim_fleet(args: argparse.Namespace) -> int:
         return _fail(f"sim fleet: cannot write output: {exc}", 1)
     if args.ledger is not None:
         from linkguard.ledger import Ledger, LedgerError
+        from linkguard.simulations.ledgerrecord import record_simulation
 
         try:
             with Ledger(args.ledger) as ledger:
-                ledger.record_simulation(ft, rep)
+                record_simulation(ledger, ft, rep)
         except (LedgerError, OSError) as exc:
             return _fail(f"sim fleet: cannot write the ledger: {exc}", 1)
     return 1 if rep.oracle["mismatches"] else 0

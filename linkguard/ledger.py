@@ -2,8 +2,9 @@
 API's event timeline and the dashboard.
 
 Consumes: the topology service's change feed (:class:`~linkguard.topology.changes.Change`, through
-the callback :meth:`Ledger.consumer` returns), or one fleet simulation
-(:meth:`Ledger.record_simulation`: the generated timeline and the simulator's report).
+the callback :meth:`Ledger.consumer` returns), or one fleet simulation's rows
+(:meth:`Ledger.write_closed_run`, from :func:`linkguard.simulations.ledgerrecord.record_simulation`:
+the generated timeline and the simulator's report).
 Produces: a SQLite file (stdlib ``sqlite3``, WAL mode) and the queries :meth:`Ledger.events`
 (the paged timeline) and :meth:`Ledger.report` (:class:`~linkguard.ledgerreport.LedgerReport`).
 
@@ -101,8 +102,6 @@ import structlog
 if TYPE_CHECKING:
     from linkguard.failuremodel import FailureModel
     from linkguard.ledgerreport import LedgerReport
-    from linkguard.simulations.failures import FleetTimeline
-    from linkguard.simulations.fleetreport import FleetReport
     from linkguard.topology.changes import Change
     from linkguard.topology.fabric import Fabric
 
@@ -1150,127 +1149,40 @@ class Ledger:
             log.info("ledger_purged", path=str(self.path), rows=deleted, before=iso(cutoff))
         return deleted
 
-    # -- a simulation ---------------------------------------------------------------------------
-    def record_simulation(self, timeline: FleetTimeline, report: FleetReport) -> int:
-        """Write one fleet simulation (:func:`linkguard.simulations.fleetreport.simulate`) as
-        a run: its window (from :data:`~linkguard.simulations.engine.WALL0`), job model, the
-        port transitions of the expanded timeline and of the engine's hold-downs (``up`` ->
-        ``down`` -> ``held_down`` -> ``up``, as a service records them; a port back in use at
-        once goes ``down`` -> ``up``) in ``port_events`` and ``events``, its outages with the
-        engine's ``reroute_ms`` and the ports each took down, and its ``reroutes`` /
-        ``solves`` / ``plans`` as the run's stats. Returns the run id."""
-        from linkguard.simulations.engine import WALL0, return_rail
-        from linkguard.simulations.scenario import expand
+    # -- a closed run's rows, written at once (a simulation: linkguard.simulations.ledgerrecord) --
+    @property
+    def places(self) -> dict[PortKey, PortPlace]:
+        """Each port of the current run's fabric -> its rail, leaf and SU (:func:`port_places`;
+        empty before :meth:`start_run`)."""
+        return self._places
 
-        loaded = timeline.loaded
-        fabric = loaded.fabric
-        run = self.start_run(
-            fabric,
-            source="simulation",
-            model=timeline.model,
-            window_start=WALL0,
-            window_end=WALL0 + report.duration_s,
-            duration_s=report.duration_s,
-            stats={
-                "reroutes": report.reroutes,
-                "solves": report.solves,
-                "seed": report.seed,
-                "needless_reroutes": report.needless_reroutes,
-            },
-        )
+    def write_closed_run(
+        self,
+        run: int,
+        *,
+        port_rows: Iterable[tuple[Any, ...]],
+        event_rows: Iterable[tuple[Any, ...]],
+        outages: Iterable[tuple[tuple[Any, ...], Iterable[PortKey]]],
+    ) -> None:
+        """Write a whole run's rows in one transaction and close it: ``port_rows`` in the
+        ``port_events`` columns (run, at, host, hca, port, rail, leaf, su, previous, current,
+        reason), ``event_rows`` in the ``events`` columns (run, seq, kind, at, host, hca, port,
+        rail, leaf, su, data JSON), ``outages`` as (``(at, at_s, kind, down_s, ports,
+        isolated, open, reroute, reroute_ms, cause)``, the ports it took down; those not in
+        :attr:`places` are skipped). Rolls back and re-raises on any error."""
         places = self._places
-        key_of = {(h.host, c.rail): (h.host, c.hca, c.port) for h in fabric.hosts for c in h.hcas}
-        # (at_s, order, host, rail, kind): the timeline's port events, then the engine's returns
-        # to use at the same instant
-        moves: list[tuple[float, int, str | None, int | None, str, str, int]] = [
-            (e.at_s, 0, e.host, e.rail, e.kind, f"{e.state}/{e.phys_state}", e.entry)
-            for e in expand(loaded)
-            if e.kind.startswith("port_")
-        ]
-        moves += [
-            (float(r["at_s"]), 1, str(r["host"]), return_rail(r), "return", "hold-down over", -1)
-            for r in report.returns
-        ]
-        moves.sort(key=lambda m: (m[0], m[1]))
-        back_at = {(m[2], m[3], m[0]) for m in moves if m[4] == "return"}
-        status: dict[tuple[str, int], str] = {}  # absent: up
-        taken: dict[tuple[int, float], list[PortKey]] = {}
-        port_rows, event_rows = [], []
-        for at_s, _, host, rail, kind, reason, entry in moves:
-            assert host is not None and rail is not None
-            key: PortKey = key_of[(host, rail)]
-            now = status.get((host, rail), "up")
-            if kind == "port_down":
-                if now == "down":
-                    continue  # another reading of a port already down: no transition
-                taken.setdefault((entry, at_s), []).append(key)
-                current = "down"
-            elif kind == "port_up":
-                if now != "down":
-                    continue
-                current = "up" if (host, rail, at_s) in back_at else "held_down"
-            elif now == "held_down":  # the engine put the port back in use
-                current = "up"
-            else:
-                continue
-            status[(host, rail)] = current
-            pl = places.get(key, PortPlace(rail, None, None))
-            at = WALL0 + at_s
-            port_rows.append(
-                (run, at, host, key[1], key[2], pl.rail, pl.leaf, pl.su, now, current, reason)
-            )
-            data = {
-                "host": host,
-                "hca": key[1],
-                "port": key[2],
-                "rail": rail,
-                "previous": now,
-                "current": current,
-                "reason": reason,
-                "at": at,
-            }
-            if entry >= 0:
-                data["timeline_entry"] = entry
-            event_rows.append(
-                (
-                    run,
-                    None,
-                    "port_event",
-                    at,
-                    host,
-                    key[1],
-                    key[2],
-                    pl.rail,
-                    pl.leaf,
-                    pl.su,
-                    json.dumps(data),
-                )
-            )
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN")
             try:
                 conn.executemany(_INSERTS["port_events"], port_rows)
                 conn.executemany(_INSERTS["events"], event_rows)
-                for o in report.outages:
+                for row, keys in outages:
                     cur = conn.execute(
                         "INSERT INTO outages (run_id, at, at_s, kind, down_s, ports, isolated,"
                         " open, reroute, reroute_ms, cause) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (
-                            run,
-                            WALL0 + o.at_s,
-                            o.at_s,
-                            o.kind,
-                            o.down_s,
-                            o.ports,
-                            int(o.isolated),
-                            int(o.open),
-                            "none" if o.reroute_ms is None else "done",
-                            o.reroute_ms,
-                            f"timeline[{o.entry}]",
-                        ),
+                        (run, *row),
                     )
-                    keys = taken.get((o.entry, o.at_s), [])
                     conn.executemany(
                         "INSERT OR IGNORE INTO outage_ports VALUES (?,?,?,?,?,?,?)",
                         [
@@ -1284,7 +1196,6 @@ class Ledger:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        return run
 
     # -- queries --------------------------------------------------------------------------------
     def events(

@@ -16,6 +16,7 @@ from linkguard.cli import main
 from linkguard.failuremodel import IP_STALL_S
 from linkguard.ledger import Ledger
 from linkguard.simulations.engine import WALL0
+from linkguard.simulations.ledgerrecord import record_simulation
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.generator import generate_rail_optimized
 from tests.transport_cases import COSTLIER, EXPECTED, hand_report
@@ -36,7 +37,7 @@ def hand_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ft, rep = hand_report(d)
     path = d / "hand.sqlite3"
     with Ledger(path) as led:
-        led.record_simulation(ft, rep)
+        record_simulation(led, ft, rep)
     return path
 
 
