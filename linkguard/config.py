@@ -32,8 +32,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from linkguard.agent.health import CounterHealthPolicy
-from linkguard.agent.monitor import DampingPolicy
+from linkguard.backoffpolicy import BackoffPolicy
+from linkguard.counterpolicy import CounterHealthPolicy
+from linkguard.damping import DampingPolicy
 from linkguard.models import (
     MAX_MESSAGE_BYTES,
     CoreTier,
@@ -43,7 +44,6 @@ from linkguard.models import (
     SpinesPerSU,
     port_rate_problem,
 )
-from linkguard.topology.backoff import BackoffPolicy
 
 if TYPE_CHECKING:
     from linkguard.bus import TlsConfig

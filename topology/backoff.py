@@ -20,7 +20,8 @@ already running"), so a steady trickle cannot starve the solver.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from linkguard.backoffpolicy import BackoffPolicy
 
 __all__ = ["BackoffPolicy", "BackoffState", "SolveBackoff"]
 
@@ -31,31 +32,6 @@ class BackoffState(enum.StrEnum):
     QUIET = "quiet"
     SHORT_WAIT = "short_wait"
     LONG_WAIT = "long_wait"
-
-
-@dataclass(frozen=True, slots=True)
-class BackoffPolicy:
-    """Delays in ms, with RFC 8405's names: INITIAL_SPF_DELAY (``initial_ms``),
-    SHORT_SPF_DELAY (``short_ms``, the service's ``debounce_ms``), LONG_SPF_DELAY
-    (``long_ms``), TIME_TO_LEARN_INTERVAL (``time_to_learn_ms``), HOLDDOWN_INTERVAL
-    (``holddown_ms``). Raises ValueError for a negative delay or ``holddown_ms`` below
-    ``time_to_learn_ms`` (the RFC requires HOLDDOWN >= TIME_TO_LEARN)."""
-
-    initial_ms: float = 0.0
-    short_ms: float = 150.0
-    long_ms: float = 1000.0
-    time_to_learn_ms: float = 500.0
-    holddown_ms: float = 3000.0
-
-    def __post_init__(self) -> None:
-        for name in ("initial_ms", "short_ms", "long_ms", "time_to_learn_ms", "holddown_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.holddown_ms < self.time_to_learn_ms:
-            raise ValueError(
-                f"holddown_ms ({self.holddown_ms}) must be >= time_to_learn_ms "
-                f"({self.time_to_learn_ms}) (RFC 8405 section 6)"
-            )
 
 
 class SolveBackoff:
