@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from linkguard.config import ServiceSettings
 from linkguard.logs import configure_logging
 from linkguard.simulations.engine import percentile
 from linkguard.simulations.jobspec import JobSpec
+from linkguard.simulations.jobtrain import bounded
 from linkguard.simulations.lab import Lab
 from linkguard.simulations.labjob import STORE_PORT, LabJob, torch_problem
 from linkguard.simulations.labprocs import (
@@ -315,21 +315,6 @@ def table(sides: dict[str, Side], rto_min: bool) -> str:
     return "\n".join(out)
 
 
-def _bounded(kind: type[float] | type[int], lo: float, hi: float) -> Callable[[str], float]:
-    """An argparse type: ``kind`` in ``lo..hi``."""
-
-    def parse(text: str) -> float:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{text} is not in {lo:g}..{hi:g}")
-        return v
-
-    return parse
-
-
 async def main() -> int:
     ap = argparse.ArgumentParser(
         description=" ".join(__doc__.split("\n\n", 1)[0].split()),
@@ -337,17 +322,17 @@ async def main() -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument(
-        "--faults", type=_bounded(int, 1, 1000), default=20, help="host link faults per side"
+        "--faults", type=bounded(int, 1, 1000), default=20, help="host link faults per side"
     )
-    ap.add_argument("--down-s", type=_bounded(float, 0.1, 600), default=3.0, help="each outage (s)")
+    ap.add_argument("--down-s", type=bounded(float, 0.1, 600), default=3.0, help="each outage (s)")
     ap.add_argument(
         "--timeout-s",
-        type=_bounded(float, 1, 3600),
+        type=bounded(float, 1, 3600),
         default=10.0,
         help="Gloo collective timeout (s)",
     )
     ap.add_argument(
-        "--compute-ms", type=_bounded(float, 1, 10_000), default=50.0, help="sleep per step (ms)"
+        "--compute-ms", type=bounded(float, 1, 10_000), default=50.0, help="sleep per step (ms)"
     )
     ap.add_argument("--sides", choices=["both", "with", "without"], default="both")
     ap.add_argument(

@@ -107,7 +107,10 @@ def _devices(text: str) -> tuple[str, ...]:
     return out
 
 
-def _bounded(kind: type, lo: float, hi: float) -> Any:
+def bounded(kind: type, lo: float, hi: float) -> Any:
+    """An argparse type: ``kind(text)`` within ``lo..hi``, else argparse's exit 2 with the
+    reason (also the lab benchmark's: benchmarks/job_stall.py)."""
+
     def parse(text: str) -> Any:
         try:
             v = kind(text)
@@ -123,20 +126,20 @@ def _bounded(kind: type, lo: float, hi: float) -> Any:
 def parse_args(argv: list[str]) -> JobArgs:
     """The command line as :class:`JobArgs`; a bad one exits 2 with argparse's message."""
     ap = argparse.ArgumentParser(prog="jobtrain.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--rank", type=_bounded(int, 0, 1023), required=True)
-    ap.add_argument("--world", type=_bounded(int, 1, 1024), required=True)
+    ap.add_argument("--rank", type=bounded(int, 0, 1023), required=True)
+    ap.add_argument("--world", type=bounded(int, 1, 1024), required=True)
     ap.add_argument("--store", type=_store, required=True, metavar="ADDR:PORT")
     ap.add_argument("--devices", type=_devices, required=True, metavar="EP[,EP...]")
     ap.add_argument("--out", required=True, metavar="FILE")
-    ap.add_argument("--compute-ms", type=_bounded(float, 0, 10_000), default=50.0)
-    ap.add_argument("--width", type=_bounded(int, 1, 4096), default=256)
-    ap.add_argument("--layers", type=_bounded(int, 1, 64), default=8)
-    ap.add_argument("--batch", type=_bounded(int, 1, 4096), default=32)
-    ap.add_argument("--timeout-s", type=_bounded(float, 0.1, 3600), default=10.0)
+    ap.add_argument("--compute-ms", type=bounded(float, 0, 10_000), default=50.0)
+    ap.add_argument("--width", type=bounded(int, 1, 4096), default=256)
+    ap.add_argument("--layers", type=bounded(int, 1, 64), default=8)
+    ap.add_argument("--batch", type=bounded(int, 1, 4096), default=32)
+    ap.add_argument("--timeout-s", type=bounded(float, 0.1, 3600), default=10.0)
     ap.add_argument("--stop-file", default=None, metavar="PATH")
-    ap.add_argument("--max-steps", type=_bounded(int, 1, 10**9), default=None)
-    ap.add_argument("--seed", type=_bounded(int, 0, 2**31 - 1), default=0)
-    ap.add_argument("--threads", type=_bounded(int, 1, 64), default=1)
+    ap.add_argument("--max-steps", type=bounded(int, 1, 10**9), default=None)
+    ap.add_argument("--seed", type=bounded(int, 0, 2**31 - 1), default=0)
+    ap.add_argument("--threads", type=bounded(int, 1, 64), default=1)
     ns = ap.parse_args(argv)
     if ns.rank >= ns.world:
         ap.error(f"--rank {ns.rank} must be below --world {ns.world}")

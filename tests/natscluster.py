@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from linkguard.bus import Bus
-from tests.support import require_binary
+from tests.support import free_ports, require_binary
 
 CLUSTER_START_S = 30  # seconds for 3 nodes to route to each other and elect a JetStream leader
 #: the JetStream streams NATS keeps MQTT state in (nats-server 2.9 server/mqtt.go)
@@ -94,17 +94,6 @@ class Node:
             raise OSError(f"{self.name} closed the connection")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _mqtt_accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -141,7 +130,7 @@ def start_cluster(tmp_path: Path) -> Iterator[list[Node]]:
     and warmed up (each node has served one MQTT session), stopped on exit. Fails the test
     (with the nodes' logs) when the cluster does not form within :data:`CLUSTER_START_S`."""
     binary = require_binary("nats-server")
-    ports = _free_ports(12)
+    ports = free_ports(12)
     client, http, mqtt, route = ports[0:3], ports[3:6], ports[6:9], ports[9:12]
     routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in route)
     nodes = []

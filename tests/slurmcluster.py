@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import missing, require_binary
+from tests.support import free_ports, missing, require_binary
 
 #: seconds for munged, slurmctld and slurmd to start and the node to register idle (about
 #: 1 s measured here)
@@ -86,17 +86,6 @@ class SlurmCluster:
         if out.returncode != 0:
             return None
         return out.stdout.strip() or None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _hardware(slurmd: str, node: str) -> str:
@@ -177,7 +166,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port = free_ports(2)
         cluster.conf.write_text(
             "\n".join(
                 [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable
 
@@ -70,3 +71,16 @@ async def retained(
     ):
         await until(lambda: got and until_payload in got[-1], f"a message on {topic}", timeout)
     return got[-1]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 at the moment of asking (bound together, then
+    released: the kernel does not hand out the same one twice in one call)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
