@@ -6,11 +6,13 @@ online), its change feed (:mod:`linkguard.topology.changes`), its last audit and
 documents and, when it has one, its ledger (``service.ledger``). Every handler is ``async``
 and runs on the service's event loop, so none reads the state while the service changes it.
 
-Produces (the contract with the dashboard; the README's "HTTP API" section lists it): JSON
+Produces (the contract with the dashboard; docs/api.md lists it): JSON
 documents under ``/api/v1``, a server-sent-events stream of changes (``/api/v1/stream``), one
 state-changing call (``PUT /api/v1/faults``, bearer token), the dashboard's files
 (``topology/dashboard/``: ``/`` and ``/dashboard/{file}``), Prometheus metrics (``/metrics``,
-from :mod:`linkguard.metrics`) and FastAPI's OpenAPI schema (``/openapi.json``, ``/docs``).
+from :mod:`linkguard.metrics`) and FastAPI's OpenAPI schema (``/openapi.json``, browsable at
+``/docs`` and ``/redoc`` with their JS and CSS served from the package under ``/docs-assets``:
+no request leaves for a CDN).
 
 Bad query parameters answer 422 with FastAPI's ``detail`` (which parameter, why): an empty
 ``host=`` too, and a parameter given more than once (``?drained_by=agent&drained_by=probe``:
@@ -42,6 +44,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from linkguard import __version__, topics
@@ -59,6 +62,9 @@ log = structlog.get_logger(__name__)
 
 #: the dashboard's files (package data)
 DASHBOARD = Path(__file__).with_name("dashboard")
+#: where /docs and /redoc load Swagger UI's and ReDoc's files from (package data of
+#: fastapi-offline)
+DOCS_ASSETS = "/docs-assets"
 #: a comment line on an idle stream this often (s), so proxies and clients see it alive
 KEEPALIVE_S = 15.0
 #: what a stream client's EventSource waits before it reconnects (ms; SSE ``retry:``)
@@ -500,7 +506,11 @@ def create_app(service: "TopologyService") -> FastAPI:
                 + "; give each once (every filter takes one value)",
             )
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI with /docs (Swagger UI) and /redoc served from the package's own
+    # copies of their JS and CSS under DOCS_ASSETS, not from a CDN (management networks are often
+    # air-gapped); everything else as FastAPI(...)
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS,
         dependencies=[Depends(one_value_each)],
         title="linkguard topology service",
         version=__version__,
