@@ -58,6 +58,7 @@ from xml.etree import ElementTree as ET
 
 import structlog
 
+from linkguard.atomicfile import atomic_write
 from linkguard.jobwatch import selects as hca_selects
 from linkguard.models import HostInventory, Plan, PortState, PortStatus
 
@@ -716,8 +717,6 @@ class NcclFiles:
         *,
         expected_gbps: Mapping[str, float] | float | None,
     ) -> NcclRendering:
-        from linkguard.agent.applier import atomic_write
-
         topo: TopologyRendering | None = None
         topo_path: str | None = None
         if self.topology_file is not None:
