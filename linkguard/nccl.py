@@ -424,6 +424,7 @@ class _Builder(ET.TreeBuilder):
 
 
 def _parse(data: str | bytes, source: str) -> tuple[ET.Element, list[str]]:
+    # lazy: only a topology file (NCCL_TOPO_FILE) needs the XML parser
     import defusedxml
     from defusedxml.ElementTree import DefusedXMLParser
 
