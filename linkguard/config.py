@@ -44,6 +44,7 @@ from linkguard.models import (
     SpinesPerSU,
     port_rate_problem,
 )
+from linkguard.topics import valid_segment
 
 if TYPE_CHECKING:
     from linkguard.bus import TlsConfig
@@ -903,8 +904,6 @@ class AgentSettings(_Base):
     @field_validator("host")
     @classmethod
     def _host_name(cls, v: str) -> str:
-        from linkguard.topics import valid_segment
-
         if not valid_segment(v):
             raise ValueError(f"host {v!r}: use letters, digits, '.', '_' or '-'")
         return v

@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import structlog
 import uvicorn
@@ -50,11 +50,10 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, WithJso
 from linkguard import __version__, topics
 from linkguard.config import ApiSettings, ConfigError
 from linkguard.ledger import MAX_TIME, LedgerError, NoRunError, parse_time
+from linkguard.metrics import ServiceMetrics
 from linkguard.models import AckResult, FabricFaults, PortState, PortStatus, encode
 from linkguard.topology.changes import KINDS, Change
-
-if TYPE_CHECKING:
-    from linkguard.topology.service import TopologyService
+from linkguard.topology.serviceview import ServiceView
 
 __all__ = ["DRAINED_BY", "SHOWN", "ApiBindError", "ApiServer", "create_app", "drained_by", "shown"]
 
@@ -355,7 +354,7 @@ class _Port:
 class _Index:
     """Every HCA port of the fabric with its leaf, SU and cable rate, in fabric order."""
 
-    def __init__(self, service: "TopologyService") -> None:
+    def __init__(self, service: ServiceView) -> None:
         fabric = service.fabric
         switches = {s.name: s for s in fabric.switches}
         cable: dict[str, tuple[str, float | None]] = {}  # "host:hca/port" -> (leaf, rate)
@@ -390,7 +389,7 @@ class _Index:
         self.ports = [p for ports in self.by_host.values() for p in ports]
         self.places = {(p.host, p.key): p for p in self.ports}
 
-    def fabric_doc(self, service: "TopologyService") -> dict[str, Any]:
+    def fabric_doc(self, service: ServiceView) -> dict[str, Any]:
         fabric = service.fabric
         leaves = [s for s in fabric.switches if s.role == "leaf"]
         return {
@@ -485,7 +484,7 @@ def _last_event_id(value: str | None, seq: int) -> int | None:
 # -- the app --------------------------------------------------------------------------------------
 
 
-def create_app(service: "TopologyService") -> FastAPI:
+def create_app(service: ServiceView) -> FastAPI:
     """The API of ``service`` (see the module docstring). ``app.state.closing`` (an
     asyncio.Event, set by :meth:`ApiServer.stop`) ends every open stream;
     ``app.state.internal_errors`` counts the 500s (bugs); ``app.state.metrics``: the service's
@@ -998,15 +997,8 @@ def create_app(service: "TopologyService") -> FastAPI:
     return app
 
 
-def _service_metrics(service: "TopologyService") -> Any:
-    """:class:`linkguard.metrics.ServiceMetrics` of ``service``; None when this build has no
-    :mod:`linkguard.metrics`."""
-    try:
-        from linkguard.metrics import ServiceMetrics
-    except ModuleNotFoundError as exc:
-        if exc.name != "linkguard.metrics":
-            raise
-        return None
+def _service_metrics(service: ServiceView) -> ServiceMetrics:
+    """:class:`linkguard.metrics.ServiceMetrics` of ``service``."""
     return ServiceMetrics(service)
 
 
@@ -1050,7 +1042,7 @@ class ApiServer:
     :meth:`bind` (raises :class:`ApiBindError`), then ``await serve()`` (a task), then
     :meth:`shutdown`: open streams end, requests get :data:`GRACE_S` to finish."""
 
-    def __init__(self, service: "TopologyService", settings: ApiSettings) -> None:
+    def __init__(self, service: ServiceView, settings: ApiSettings) -> None:
         self.settings = settings
         self.app = create_app(service)
         self.port: int | None = None
