@@ -162,6 +162,16 @@ def test_the_ruff_ignores_of_source_files_follow_the_function_list(tmp_path: Pat
             '"pkg/a.py" = ["PLR0915"] to [tool.ruff.lint.per-file-ignores]',
         ],
     )
+    # an ignore of a source file that is gone must go too
+    ignores = '"pkg/a.py" = ["PLR0915"]\n"pkg/gone.py" = ["PLR0915"]\n'
+    pyproject = _tree(tmp_path, files, functions=listed, ignores=ignores)
+    assert _run(pyproject) == (
+        1,
+        [
+            "sizes: pkg/gone.py: PLR0915 is ignored for it but there is no such source file: "
+            "remove it from [tool.ruff.lint.per-file-ignores]"
+        ],
+    )
     # a glob over source files (here through the PLR prefix) would hide new long functions
     pyproject = _tree(tmp_path, files, functions=listed, ignores='"pkg/*.py" = ["PLR"]\n')
     code, lines = _run(pyproject)

@@ -199,6 +199,11 @@ def check_ignores(limits: Limits, files: list[str]) -> list[str]:
             continue
         if pattern in files:
             exact.add(pattern)
+        elif pattern.split("/", 1)[0] in limits.source and not any(c in pattern for c in "*?["):
+            problems.append(
+                f"{pattern}: {RULE} is ignored for it but there is no such source file: remove "
+                "it from [tool.ruff.lint.per-file-ignores]"
+            )
         elif any(fnmatch.fnmatch(f, pattern) for f in files):
             problems.append(
                 f"[tool.ruff.lint.per-file-ignores] {pattern!r} turns {RULE} off for source "
