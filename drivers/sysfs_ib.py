@@ -24,33 +24,61 @@ Bad input: every file read may fail (EINVAL, EOPNOTSUPP, EACCES, ENOENT, EIO) or
 nothing. That value becomes ``None`` and the observation's ``errors`` gets
 ``"<hca>/ports/<n>/<file>: <ERRNO> (<text>)"`` (or ``: empty`` / ``: unparsable '<text>'``).
 Nothing here raises for one bad file.
+
+The parts: :mod:`~linkguard.drivers.sysfs_attrs` reads and parses one attribute,
+:mod:`~linkguard.drivers.sysfs_discover` finds the HCAs, :mod:`~linkguard.drivers.sysfs_port`
+reads one port; this module polls them all (:class:`SysfsIBSource`) and re-exports their names.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno as errno_mod
-import math
 import os
-import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 import structlog
 
 from linkguard.drivers.base import PortObservation
-from linkguard.models import (
-    LANE_GBPS,
-    LINK_WIDTHS,
-    MAX_PORT_RATE_GBPS,
-    LinkLayer,
-    PhysState,
-    PortStateName,
+from linkguard.drivers.sysfs_attrs import (
+    _U64_MAX,
+    COUNTER_WIDTHS,
+    Reader,
+    _errno_text,
+    is_saturated,
+    parse_counter,
+    parse_link_layer,
+    parse_phys_state,
+    parse_rate,
+    parse_state,
+    read_sysfs,
 )
+from linkguard.drivers.sysfs_discover import (
+    DEFAULT_ROOT,
+    HCADescriptor,
+    _natural,
+    discover_hcas,
+    read_gids,
+)
+from linkguard.drivers.sysfs_port import (
+    _CounterFiles,
+    _Counters,
+    _dirs_signature,
+    _error_key,
+    _fd_budget,
+    _list_counters,
+    _observation,
+    _read_base,
+    _read_counters,
+    _removed,
+    _settled,
+    read_port,
+)
+from linkguard.drivers.sysfs_port import _KeptOpen as _KeptOpen  # tests use it from here
+from linkguard.models import LinkLayer
 
 __all__ = [
     "COUNTER_WIDTHS",
@@ -71,677 +99,15 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
-DEFAULT_ROOT = Path("/sys/class/infiniband")
 
-#: ``reader(path) -> text``: reads one sysfs attribute; raises OSError like the kernel's ``show()``.
-Reader = Callable[[str], str]
 #: ``phy_stats(netdev) -> {name: value}``: a RoCE port's netdev statistics (``ethtool -S``,
 #: :func:`linkguard.drivers.ethtool_stats.read_ethtool_stats`); raises OSError when unreadable.
 PhyStats = Callable[[str], dict[str, int]]
 
-#: Bit width of each PMA counter in the IBA PortCounters attribute (attribute ID 0x0012, IBA
-#: Specification vol. 1, 16.1.3.5 "PortCounters"), exactly as the kernel's
-#: drivers/infiniband/core/sysfs.c ``PORT_PMA_ATTR`` table exposes them in ``counters/``. A counter
-#: at its maximum (2**width - 1) is *saturated*: PMA PortCounters stop at all ones instead of
-#: wrapping (IBA 16.1.3.5). When the PMA supports PortCountersExtended the kernel shows the four
-#: data/packet counters as 64-bit instead (a value above 2**32 - 1 proves that).
-COUNTER_WIDTHS: dict[str, int] = {
-    "symbol_error": 16,
-    "link_error_recovery": 8,
-    "link_downed": 8,
-    "port_rcv_errors": 16,
-    "port_rcv_remote_physical_errors": 16,
-    "port_rcv_switch_relay_errors": 16,
-    "port_xmit_discards": 16,
-    "port_xmit_constraint_errors": 8,
-    "port_rcv_constraint_errors": 8,
-    "local_link_integrity_errors": 4,
-    "excessive_buffer_overrun_errors": 4,
-    "VL15_dropped": 16,
-    "port_xmit_data": 32,  # 4-octet words (IBA: PortXmitData "divided by 4")
-    "port_rcv_data": 32,  # 4-octet words
-    "port_xmit_packets": 32,
-    "port_rcv_packets": 32,
-    "port_xmit_wait": 32,
-}
-#: Counters with no known width (PortCountersExtended unicast/multicast, hw_counters) only count
-#: as saturated at 2**64 - 1. mlx5 hw_counters are 32-bit firmware Q counters that wrap, so
-#: 2**32 - 1 there is an ordinary value.
-_U64_MAX = 2**64 - 1
-
-_STATE_BY_NUM = {
-    0: PortStateName.NOP,
-    1: PortStateName.DOWN,
-    2: PortStateName.INIT,
-    3: PortStateName.ARMED,
-    4: PortStateName.ACTIVE,
-    5: PortStateName.ACTIVE_DEFER,
-}
-_PHYS_BY_NUM = {
-    1: PhysState.SLEEP,
-    2: PhysState.POLLING,
-    3: PhysState.DISABLED,
-    4: PhysState.PORT_CONFIGURATION_TRAINING,
-    5: PhysState.LINK_UP,
-    6: PhysState.LINK_ERROR_RECOVERY,
-    7: PhysState.PHY_TEST,
-}
-_NUM_NAME = re.compile(r"^\s*(\d{1,3})\s*:\s*(.*?)\s*$", re.S)
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb|GB)/sec(?:\s*\(([^)]*)\))?\s*$")
-#: rate_show's widths (ib_width_enum_to_int); it prints SDR with no name: ``10 Gb/sec (4X)``
-_LANES = re.compile(r"^\s*(\d{1,3})X\s*([A-Za-z0-9]*)\s*$")
-_HCA_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_NETDEV_NAME = re.compile(r"^[A-Za-z0-9_.\-@:]{1,15}$")
-_PCI_BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-_MAX_READ = 4096  # one sysfs page
-
-
-def read_sysfs(path: str) -> str:
-    """Read one sysfs attribute (at most one page, 4096 bytes) as text.
-
-    Raises OSError with the errno of the kernel's ``show()`` (sysfs fails the ``read``, not the
-    ``open``). Undecodable bytes become U+FFFD, so garbage fails parsing rather than decoding.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, _MAX_READ)
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "replace")
-
-
-# --------------------------------------------------------------------------------------------
-# parsers: text -> (value, problem); problem is None when the text is fine
-
-
-def _short(text: str) -> str:
-    t = text.strip()
-    return repr(t if len(t) <= 40 else t[:40] + "...")
-
-
-def _norm(name: str) -> str:
-    return name.replace(" ", "").replace("_", "").lower()
-
-
-def parse_state(text: str) -> tuple[PortStateName | None, str | None]:
-    """``4: ACTIVE`` -> (ACTIVE, None). The number decides; a name that disagrees adds a problem.
-
-    Format: drivers/infiniband/core/sysfs.c ``state_show`` (``"%d: %s"``), numbers from IBA
-    vol. 1 14.2.5.6 PortInfo.PortState (0 NOP .. 5 ACTIVE_DEFER). A bare known name is accepted.
-    """
-    if not text.strip():
-        return None, "empty"
-    m = _NUM_NAME.match(text)
-    if m is None:
-        try:
-            return PortStateName(text.strip().upper()), None
-        except ValueError:
-            return None, f"unparsable {_short(text)}"
-    num, name = int(m.group(1)), m.group(2)
-    value = _STATE_BY_NUM.get(num)
-    if value is None:
-        return None, f"unknown state number {num} {_short(text)}"
-    if _norm(name) != _norm(value.value):
-        return value, f"text {_short(name)} does not match {num} ({value.value})"
-    return value, None
-
-
-def parse_phys_state(text: str) -> tuple[PhysState | None, str | None]:
-    """``5: LinkUp`` -> (LINK_UP, None). The number decides (IBA vol. 1 14.2.5.6
-    PortInfo.PortPhysicalState: 1 Sleep .. 7 PhyTest; 0 "no state change" is not a reading);
-    a name that disagrees (``4: ACTIVE``, as in prometheus/procfs' fixture) adds a problem."""
-    if not text.strip():
-        return None, "empty"
-    m = _NUM_NAME.match(text)
-    if m is None:
-        wanted = _norm(text)
-        for value in PhysState:
-            if _norm(value.value) == wanted:
-                return value, None
-        return None, f"unparsable {_short(text)}"
-    num, name = int(m.group(1)), m.group(2)
-    phys = _PHYS_BY_NUM.get(num)
-    if phys is None:
-        return None, f"unknown phys_state number {num} {_short(text)}"
-    if _norm(name) != _norm(phys.value):
-        return phys, f"text {_short(name)} does not match {num} ({phys.value})"
-    return phys, None
-
-
-def parse_rate(text: str) -> tuple[float | None, str | None]:
-    """``400 Gb/sec (4X NDR)`` -> 400.0 (Gb/s). Also ``2.5 Gb/sec (1X SDR)``, ``10 Gb/sec (4X)``
-    and ``0 GB/sec`` (-> 0.0; the capital-B form is only seen with 0 and read as Gb/s).
-    Format: drivers/infiniband/core/sysfs.c ``rate_show``, which prints the active width times
-    the lane rate (:data:`linkguard.models.LANE_GBPS`). A rate that is not that product
-    (``800 Gb/sec (4X NDR)``), or above ``MAX_PORT_RATE_GBPS`` (12X XDR) with no known width and
-    speed, is no reading the kernel makes: a problem, never a rate a port is then held to."""
-    if not text.strip():
-        return None, "empty"
-    m = _RATE.match(text)
-    rate = float(m.group(1)) if m is not None else math.inf
-    if not math.isfinite(rate):  # no match, or more digits than a float holds (1e309 -> inf)
-        return None, f"unparsable {_short(text)}"
-    lanes = _LANES.match(m.group(2) or "") if m is not None else None
-    width = int(lanes.group(1)) if lanes is not None else 0
-    speed = (lanes.group(2).upper() or "SDR") if lanes is not None else ""
-    if width in LINK_WIDTHS and speed in LANE_GBPS:
-        expected = width * LANE_GBPS[speed]
-        if rate != expected:
-            return None, f"{rate:g} Gb/s is not {width}X {speed} ({expected:g} Gb/s)"
-    elif rate > MAX_PORT_RATE_GBPS:
-        return None, f"{rate:g} Gb/s is above any port's ({MAX_PORT_RATE_GBPS:g} Gb/s, 12X XDR)"
-    return rate, None
-
-
-def parse_link_layer(text: str) -> tuple[LinkLayer | None, str | None]:
-    """``InfiniBand`` / ``Ethernet`` (surrounding whitespace and blank lines ignored)."""
-    t = text.strip()
-    if not t:
-        return None, "empty"
-    for value in LinkLayer:
-        if t.lower() == value.value.lower():
-            return value, None
-    return None, f"unknown link layer {_short(t)}"
-
-
-def parse_counter(text: str) -> tuple[int | None, str | None]:
-    """Decimal counter -> int. ``N/A (no PMA)`` -> (None, None): a known "no Performance
-    Management Agent" (iWARP, some drivers), not an error. Anything else non-decimal -> problem."""
-    t = text.strip()
-    if not t:
-        return None, "empty"
-    if t.startswith("N/A"):
-        return None, None
-    if t.isascii() and t.isdigit() and len(t) <= 20:
-        value = int(t)
-        if value <= _U64_MAX:
-            return value, None
-    return None, f"unparsable {_short(t)}"
-
-
-def _at_max(value: int, width: int | None) -> bool:
-    return value == (2**width - 1 if width is not None else _U64_MAX)
-
-
-def is_saturated(name: str, value: int) -> bool:
-    """True when a ``counters/`` value is stuck at the maximum of its IBA width (COUNTER_WIDTHS);
-    counters of unknown width only at 2**64 - 1."""
-    return _at_max(value, COUNTER_WIDTHS.get(name))
-
-
-# --------------------------------------------------------------------------------------------
-# reading helpers
-
-
-def _errno_text(exc: OSError) -> str:
-    code = exc.errno
-    if code is None and exc.args and isinstance(exc.args[0], int):
-        code = exc.args[0]  # OSError(errno.EIO) built with one argument
-    if code is None:
-        return f"error ({exc})"
-    name = "EOPNOTSUPP" if code == errno_mod.EOPNOTSUPP else errno_mod.errorcode.get(code)
-    return f"{name or code} ({os.strerror(code)})"
-
-
-def _read(reader: Reader, root: str, rel: str, errors: list[str]) -> str | None:
-    """Text of ``root/rel`` or None with ``"<rel>: <ERRNO> (...)"`` appended to ``errors``."""
-    try:
-        return reader(f"{root}/{rel}")
-    except OSError as exc:
-        errors.append(f"{rel}: {_errno_text(exc)}")
-    except (ValueError, UnicodeError) as exc:  # a test reader / odd bytes
-        errors.append(f"{rel}: unreadable ({exc.__class__.__name__})")
-    return None
-
-
-def _parse(
-    reader: Reader,
-    root: str,
-    rel: str,
-    parser: Callable[[str], tuple[T | None, str | None]],
-    errors: list[str],
-) -> T | None:
-    """Read and parse ``root/rel``; a failure or a parse problem goes to ``errors``."""
-    text = _read(reader, root, rel, errors)
-    if text is None:
-        return None
-    value, problem = parser(text)
-    if problem is not None:
-        errors.append(f"{rel}: {problem}")
-    return value
-
-
-def _listdir(path: str, rel: str, errors: list[str]) -> list[str]:
-    """Names in a directory; a missing directory is simply empty (not an error)."""
-    try:
-        return sorted(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as exc:
-        errors.append(f"{rel}: {_errno_text(exc)}")
-        return []
-
-
-def _optional(reader: Reader, root: str, rel: str, errors: list[str]) -> str | None:
-    """Stripped text of an attribute that may legitimately be absent (ENOENT -> None silently)."""
-    try:
-        text = reader(f"{root}/{rel}")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno_mod.ENOENT or (exc.args and exc.args[0] == errno_mod.ENOENT):
-            return None
-        errors.append(f"{rel}: {_errno_text(exc)}")
-        return None
-    except (ValueError, UnicodeError) as exc:
-        errors.append(f"{rel}: unreadable ({exc.__class__.__name__})")
-        return None
-    text = text.strip()
-    return text or None
-
-
-_ZERO_GID = re.compile(r"^[0:]+$")
-#: GID table entries read at most (mlx5 RoCE ports have 255; IBA allows up to 2**16)
-_MAX_GIDS = 1024
-
-
-def read_gids(root: Path, hca: str, port: int, *, reader: Reader = read_sysfs) -> dict[int, str]:
-    """The non-empty entries of ``<root>/<hca>/ports/<port>/gids/``: index -> GID text
-    (lowercased, as the kernel prints it with ``%pI6``). All-zero entries (unused), unreadable
-    ones (EINVAL for an index the port does not populate) and non-numeric names are left out;
-    at most 1024 entries. A missing ``gids/`` directory gives ``{}``. Never raises."""
-    root_s, base = str(root), f"{hca}/ports/{port}/gids"
-    ignored: list[str] = []
-    names = [n for n in _listdir(f"{root_s}/{base}", base, ignored) if n.isdigit()]
-    out: dict[int, str] = {}
-    for name in sorted(names, key=int)[:_MAX_GIDS]:
-        text = _optional(reader, root_s, f"{base}/{name}", ignored)
-        if text and not _ZERO_GID.match(text) and len(text) <= 64:
-            out[int(name)] = text.lower()
-    return out
-
-
-def _natural(name: str) -> tuple[object, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-# --------------------------------------------------------------------------------------------
-# discovery
-
-
-@dataclass(frozen=True)
-class HCADescriptor:
-    """One RDMA device under the class directory (static facts, re-read on re-discovery).
-
-    ``ports`` are 1-based port numbers (``ports/<n>``). ``pci_address`` is the PCI BDF
-    (``0000:18:00.0``) found in the resolved ``device`` symlink (None when there is no symlink or
-    no PCI parent, e.g. rxe/siw). ``numa_node`` is ``device/numa_node`` (-1 -> None). ``netdevs``
-    maps port -> netdev name from ``ports/<n>/gid_attrs/ndevs/0`` (RoCE), else from
-    ``device/net/*`` (one port: the single name; several: by the netdev's 0-based ``dev_port``).
-    ``hca_type`` / ``board_id`` / ``fw_ver`` are None when absent (hfi1, irdma). ``errors`` lists
-    attribute reads that failed during discovery.
-    """
-
-    hca: str
-    ports: tuple[int, ...]
-    link_layers: dict[int, LinkLayer | None] = field(default_factory=dict)
-    pci_address: str | None = None
-    numa_node: int | None = None
-    netdevs: dict[int, str] = field(default_factory=dict)
-    hca_type: str | None = None
-    board_id: str | None = None
-    fw_ver: str | None = None
-    errors: tuple[str, ...] = ()
-
-
-def _pci_address(dev_link: str) -> str | None:
-    if not os.path.lexists(dev_link):
-        return None
-    try:
-        resolved = os.path.realpath(dev_link)
-    except OSError:
-        return None
-    # the symlink's basename is the BDF for PCI devices; otherwise the nearest PCI ancestor
-    for part in reversed(resolved.split("/")):
-        if _PCI_BDF.match(part):
-            return part.lower()
-    return None
-
-
-def _netdevs(reader: Reader, root: str, hca: str, ports: tuple[int, ...]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    ignored: list[str] = []  # IB ports fail ndevs/0 with EINVAL: expected, not reported
-    for p in ports:
-        name = _optional(reader, root, f"{hca}/ports/{p}/gid_attrs/ndevs/0", ignored)
-        if name and _NETDEV_NAME.match(name):
-            out[p] = name
-    missing = [p for p in ports if p not in out]
-    if not missing:
-        return out
-    net_dir = f"{root}/{hca}/device/net"
-    names = [n for n in _listdir(net_dir, "", ignored) if _NETDEV_NAME.match(n)]
-    if not names:
-        return out
-    if len(ports) == 1 and len(names) == 1:
-        out.setdefault(ports[0], names[0])
-        return out
-    for n in names:
-        dev_port = _optional(reader, root, f"{hca}/device/net/{n}/dev_port", ignored)
-        if dev_port is not None and dev_port.isdigit() and int(dev_port) + 1 in missing:
-            out.setdefault(int(dev_port) + 1, n)
-    return out
-
-
-def discover_hcas(root: Path = DEFAULT_ROOT, *, reader: Reader = read_sysfs) -> list[HCADescriptor]:
-    """Every RDMA device under ``root``, sorted naturally by name (``mlx5_2`` < ``mlx5_10``).
-
-    A missing class directory (RDMA stack not loaded) gives ``[]``. Directory names that are not
-    valid HCA names are skipped. Never raises for a bad file.
-    """
-    root_s = str(root)
-    try:
-        names = os.listdir(root_s)
-    except OSError:
-        return []
-    out: list[HCADescriptor] = []
-    for hca in sorted(names, key=_natural):
-        if not _HCA_NAME.match(hca) or not os.path.isdir(f"{root_s}/{hca}"):
-            continue
-        errors: list[str] = []
-        ports = tuple(
-            sorted(
-                int(p)
-                for p in _listdir(f"{root_s}/{hca}/ports", f"{hca}/ports", errors)
-                if p.isdigit() and 1 <= int(p) <= 255
-            )
-        )
-        link_layers = {
-            p: _parse(reader, root_s, f"{hca}/ports/{p}/link_layer", parse_link_layer, errors)
-            for p in ports
-        }
-        numa: int | None = None
-        numa_text = _optional(reader, root_s, f"{hca}/device/numa_node", errors)
-        if numa_text is not None:
-            try:
-                numa = int(numa_text)
-            except ValueError:
-                errors.append(f"{hca}/device/numa_node: unparsable {_short(numa_text)}")
-            if numa is not None and not 0 <= numa <= 1023:
-                numa = None  # -1: no NUMA affinity
-        out.append(
-            HCADescriptor(
-                hca=hca,
-                ports=ports,
-                link_layers=link_layers,
-                pci_address=_pci_address(f"{root_s}/{hca}/device"),
-                numa_node=numa,
-                netdevs=_netdevs(reader, root_s, hca, ports),
-                hca_type=_optional(reader, root_s, f"{hca}/hca_type", errors),
-                board_id=_optional(reader, root_s, f"{hca}/board_id", errors),
-                fw_ver=_optional(reader, root_s, f"{hca}/fw_ver", errors),
-                errors=tuple(errors),
-            )
-        )
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# one port
-
-
-@dataclass(frozen=True)
-class _Counters:
-    values: dict[str, int | None]
-    saturated: frozenset[str]
-    errors: tuple[str, ...]
-
-
-def _ext_name(name: str) -> str:
-    """counters_ext name -> counters/ name: ``port_xmit_data_64`` -> ``port_xmit_data``,
-    ``port_unicast_xmit_packets`` -> ``unicast_xmit_packets``."""
-    if name.endswith("_64"):
-        return name[:-3]
-    if name.startswith(("port_unicast_", "port_multicast_")):
-        return name[len("port_") :]
-    return name
-
-
-_COUNTER_DIRS = ("counters", "counters_ext", "hw_counters")
-
-
-def _dirs_signature(root: str, base: str) -> tuple[tuple[int, int] | None, ...]:
-    """(inode, mtime in ns) of each counter directory of the port ``base``, None when absent:
-    a directory re-created or a file added, removed or replaced in it changes it (sysfs
-    directories never change in place; a re-registered device's are new inodes)."""
-    sig: list[tuple[int, int] | None] = []
-    for d in _COUNTER_DIRS:
-        try:
-            st = os.stat(f"{root}/{base}/{d}")
-        except OSError:
-            sig.append(None)
-        else:
-            sig.append((st.st_ino, st.st_mtime_ns))
-    return tuple(sig)
-
-
-def _settled(signature: tuple[tuple[int, int] | None, ...]) -> bool:
-    """Every directory of a :func:`_dirs_signature` last changed over a second ago."""
-    before = time.time_ns() - 1_000_000_000
-    return all(s is None or s[1] < before for s in signature)
-
-
-@dataclass(frozen=True)
-class _CounterFiles:
-    """The counter files of one port: ``counters/``, ``counters_ext/`` and ``hw_counters/``
-    names (sorted), listed again when their directories' ``signature`` changes; ``errors``
-    from listing them."""
-
-    legacy: tuple[str, ...]
-    ext: tuple[str, ...]
-    hw: tuple[str, ...]
-    errors: tuple[str, ...] = ()
-    signature: tuple[tuple[int, int] | None, ...] = ()
-
-
-def _list_counters(root: str, base: str) -> _CounterFiles:
-    signature = _dirs_signature(root, base)  # before listing: a change in between re-lists
-    errors: list[str] = []
-    legacy = _listdir(f"{root}/{base}/counters", f"{base}/counters", errors)
-    ext = _listdir(f"{root}/{base}/counters_ext", f"{base}/counters_ext", errors)
-    hw = _listdir(f"{root}/{base}/hw_counters", f"{base}/hw_counters", errors)
-    # lifespan: the hw_counters cache lifetime in ms, a setting
-    hw_names = tuple(n for n in hw if n != "lifespan")
-    return _CounterFiles(tuple(legacy), tuple(ext), hw_names, tuple(errors), signature)
-
-
-def _counter(reader: Reader, root: str, rel: str, errors: list[str]) -> int | None:
-    """``_parse(reader, root, rel, parse_counter, errors)`` with a fast path for the usual
-    plain decimal (a counter poll reads ~50 files per port)."""
-    text = _read(reader, root, rel, errors)
-    if text is None:
-        return None
-    t = text.strip()
-    if t.isdigit() and t.isascii() and len(t) <= 20 and (v := int(t)) <= _U64_MAX:
-        return v
-    value, problem = parse_counter(text)
-    if problem is not None:
-        errors.append(f"{rel}: {problem}")
-    return value
-
-
-def _read_counters(
-    reader: Reader, root: str, base: str, files: _CounterFiles | None = None
-) -> _Counters:
-    """Every counter of the port ``base`` (``<hca>/ports/<n>``). ``files``: its listing from
-    :func:`_list_counters` (listed now when None)."""
-    if files is None:
-        files = _list_counters(root, base)
-    errors: list[str] = list(files.errors)
-    values: dict[str, int | None] = {}
-    widths: dict[str, int | None] = {}
-    for name in files.legacy:
-        values[name] = _counter(reader, root, f"{base}/counters/{name}", errors)
-        widths[name] = COUNTER_WIDTHS.get(name)
-    # 64-bit counters_ext win over the 32-bit legacy ones when present and readable.
-    for ext in files.ext:
-        value = _counter(reader, root, f"{base}/counters_ext/{ext}", errors)
-        name = _ext_name(ext)
-        if value is not None or name not in values:
-            values[name] = value
-            widths[name] = 64
-    for name in files.hw:
-        key = name if name not in values else f"hw_{name}"
-        values[key] = _counter(reader, root, f"{base}/hw_counters/{name}", errors)
-        widths[key] = None
-    saturated = frozenset(n for n, v in values.items() if v is not None and _at_max(v, widths[n]))
-    return _Counters(values, saturated, tuple(errors))
-
-
-class _KeptOpen:
-    """A :data:`Reader` that keeps each attribute it read open and re-reads it with
-    ``pread(fd, 4096, 0)``: one system call instead of open + read + close. On sysfs a read at
-    offset 0 runs the attribute's ``show()`` again (fs/seq_file.c ``seq_read_iter`` restarts at
-    position 0), so the value is as fresh as a new open's. At most ``budget`` files are kept open
-    (the rest are read as :func:`read_sysfs` does); any failed ``pread`` closes that file and
-    reads it again by path, so errors are exactly :func:`read_sysfs`'s (a re-registered device's
-    old node fails with ENODEV, its path gives the new one). :meth:`forget` closes the files
-    under a directory (the poller does when the port's counter directories changed: a file
-    replaced by rename, as tests do, is then re-opened); :meth:`close` closes them all."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.fds: dict[str, int] = {}
-
-    def __call__(self, path: str) -> str:
-        fd = self.fds.get(path)
-        if fd is None:
-            if len(self.fds) >= self.budget:
-                return read_sysfs(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self.fds[path] = fd
-        try:
-            data = os.pread(fd, _MAX_READ, 0)
-        except OSError:
-            del self.fds[path]
-            os.close(fd)
-            return read_sysfs(path)
-        return data.decode("utf-8", "replace")
-
-    def forget(self, prefix: str) -> None:
-        for path in [p for p in self.fds if p.startswith(prefix)]:
-            os.close(self.fds.pop(path))
-
-    def close(self) -> None:
-        fds, self.fds = self.fds, {}
-        for fd in fds.values():
-            os.close(fd)
-
-
-def _fd_budget() -> int:
-    """Files the counter reader may keep open: half the soft RLIMIT_NOFILE, at most 4096 (1024
-    under systemd by default: 512, the 47 counter files of each of 8 mlx5 ports fit)."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return 0
-    return 4096 if soft == resource.RLIM_INFINITY else max(0, min(soft // 2, 4096))
-
-
-@dataclass(frozen=True)
-class _Base:
-    state: PortStateName | None = None
-    phys_state: PhysState | None = None
-    rate_gbps: float | None = None
-    link_layer: LinkLayer | None = None
-    errors: tuple[str, ...] = ()
-    present: bool = True  # False: the port directory is gone
-
-
-def _read_base(reader: Reader, root: str, hca: str, port: int) -> _Base:
-    """state, phys_state, rate and link_layer of one port."""
-    base = f"{hca}/ports/{port}"
-    errors: list[str] = []
-    state = _parse(reader, root, f"{base}/state", parse_state, errors)
-    if state is None and not os.path.isdir(f"{root}/{base}"):
-        return _Base(errors=(f"{base}: ENOENT (port directory gone)",), present=False)
-    return _Base(
-        state=state,
-        phys_state=_parse(reader, root, f"{base}/phys_state", parse_phys_state, errors),
-        rate_gbps=_parse(reader, root, f"{base}/rate", parse_rate, errors),
-        link_layer=_parse(reader, root, f"{base}/link_layer", parse_link_layer, errors),
-        errors=tuple(errors),
-    )
-
-
-def _observation(
-    hca: str, port: int, now: float, base: _Base, counters: _Counters | None, netdev: str | None
-) -> PortObservation:
-    return PortObservation(
-        hca=hca,
-        port=port,
-        monotonic=now,
-        link_layer=base.link_layer,
-        state=base.state,
-        phys_state=base.phys_state,
-        rate_gbps=base.rate_gbps,
-        netdev=netdev,
-        counters=dict(counters.values) if counters is not None else {},
-        saturated=counters.saturated if counters is not None else frozenset(),
-        errors=base.errors + (counters.errors if counters is not None else ()),
-    )
-
-
-def read_port(
-    root: Path,
-    hca: str,
-    port: int,
-    *,
-    now: float,
-    reader: Reader = read_sysfs,
-    netdev: str | None = None,
-) -> PortObservation:
-    """One full reading of ``<root>/<hca>/ports/<port>`` at monotonic time ``now`` (s).
-
-    ``state``/``phys_state``/``link_layer`` are parsed by number/name (see the ``parse_*``
-    functions), ``rate_gbps`` is in Gb/s. ``counters`` merges ``counters/``, ``counters_ext/``
-    (64-bit, preferred when readable) and ``hw_counters/`` (prefixed ``hw_`` only on a name
-    clash); values are raw: ``port_xmit_data``/``port_rcv_data`` stay in 4-octet words (IBA
-    PortCounters; multiply by 4 for bytes). ``saturated`` names counters stuck at the maximum of
-    their IBA width (COUNTER_WIDTHS). ``netdev`` is passed through (discovery knows it).
-    A missing counters directory is not an error (e.g. only ``hw_counters/`` present). RoCE
-    (Ethernet) ports also get their GID table in ``gids`` (:func:`read_gids`).
-    Never raises for a bad file: see the module docstring for ``errors``.
-    """
-    root_s = str(root)
-    base = _read_base(reader, root_s, hca, port)
-    counters = _read_counters(reader, root_s, f"{hca}/ports/{port}") if base.present else None
-    roce = base.present and base.link_layer == LinkLayer.ETHERNET
-    obs = _observation(hca, port, now, base, counters, netdev)
-    return replace(obs, gids=read_gids(root, hca, port, reader=reader)) if roce else obs
-
 
 # --------------------------------------------------------------------------------------------
 # the polling source
-
-
-def _error_key(error: str) -> tuple[str, str]:
-    """(file, kind) of an error string, so that changing garbage is still "the same bad file"."""
-    rel, _, detail = error.partition(": ")
-    return rel, detail.split(" ", 1)[0]
-
-
-def _removed(hca: str, port: int, now: float) -> PortObservation:
-    return PortObservation(
-        hca=hca,
-        port=port,
-        monotonic=now,
-        errors=(f"{hca}/ports/{port}: ENOENT (device removed)",),
-        present=False,
-    )
 
 
 class _Poller:

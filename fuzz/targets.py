@@ -736,7 +736,7 @@ def _workdir() -> Path:
 
 @contextmanager
 def _small_fabrics() -> Iterator[None]:
-    from linkguard.simulations import scenario as mod
+    from linkguard.simulations import scenario_schema as mod  # GenerateSpec reads it there
 
     saved = mod.MAX_HOST_PORTS
     mod.MAX_HOST_PORTS = FUZZ_MAX_HOST_PORTS
