@@ -1,7 +1,8 @@
 """The agent's decisions, pure: what to do about a port event, a plan, peer routes.
 
-Consumes: the monitor's outputs (:class:`~linkguard.agent.monitor.MonitorOutput`), decoded and
-verified plan and peer routes messages (:mod:`linkguard.models`), the applied plan and the
+Consumes: the monitor's outputs (:class:`~linkguard.agent.monitor.MonitorOutput`), this
+host's status messages (duplicate agents, :mod:`linkguard.presence`), decoded and verified
+plan and peer routes messages (:mod:`linkguard.models`), the applied plan and the
 ack of each apply it asked for, each with ``now`` (wall-clock s, Unix). Produces: lists of
 typed effects (:mod:`linkguard.agent.effects`), executed in order by the wiring
 (:mod:`linkguard.agent.daemon`); counters in :attr:`AgentCore.stats`; log lines.
@@ -50,13 +51,25 @@ from linkguard.agent.effects import (
     PublishEvent,
     PublishState,
     RailChange,
+    Reannounce,
     RenderNccl,
     ScheduleTimer,
     SendAck,
+    Yield,
 )
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.plans import PlanRefused, Refusal, check_plan
-from linkguard.models import Ack, AckResult, PeerRoutes, Plan, PortStatus, encode, expand_plan
+from linkguard.models import (
+    Ack,
+    AckResult,
+    HostStatus,
+    PeerRoutes,
+    Plan,
+    PortStatus,
+    encode,
+    expand_plan,
+)
+from linkguard.presence import Me, Verdict, judge
 
 __all__ = ["FAST_PATH_FROM", "AgentCore", "AgentStats"]
 
@@ -158,6 +171,27 @@ class AgentCore:
             "fast_path_applied", port=port, epoch=ack.epoch, apply_ms=round(ack.apply_ms or 0, 2)
         )
         return [SendAck(ack), RailChange("fast_path"), ObserveAck(ack)]
+
+    # -- presence ------------------------------------------------------------------------
+    def on_status(self, seen: HostStatus, *, me: Me, retained: bool) -> list[Effect]:
+        """A status on this host's own topic (``seen``; :func:`~linkguard.presence.judge`
+        against ``me``): another agent with this host name that started first makes this
+        one yield; one that started later is told so by re-announcing this one."""
+        verdict = judge(me, seen, retained=retained)
+        if verdict == Verdict.IGNORE:
+            return []
+        if verdict in (Verdict.YIELD, Verdict.HOLD):
+            log.error(
+                "duplicate_host",
+                host=self.host,
+                other_instance=seen.instance,
+                action="stopping: the other agent started first"
+                if verdict == Verdict.YIELD
+                else "keeping this host: started first; the other must stop",
+            )
+        if verdict == Verdict.YIELD:
+            return [Yield(seen)]
+        return [Reannounce()]
 
     # -- plans ---------------------------------------------------------------------------
     def drop(self, topic: str, reason: str, detail: str, size: int) -> None:

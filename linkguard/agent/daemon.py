@@ -77,7 +77,7 @@ from linkguard.models import (
     encode,
 )
 from linkguard.nccl import NcclFiles
-from linkguard.presence import DuplicateInstanceError, Me, Verdict, judge
+from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Verifier
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "discover", "make_source", "run_agent"]
@@ -374,27 +374,7 @@ class Agent(EffectExecutor):
         except BadMessage as exc:
             self.inbox.drop(msg, exc.reason, exc.detail)
             return
-        verdict = judge(self.me, seen, retained=msg.retain)
-        if verdict == Verdict.IGNORE:
-            return
-        if verdict in (Verdict.YIELD, Verdict.HOLD):
-            log.error(
-                "duplicate_host",
-                host=self.host,
-                other_instance=seen.instance,
-                action="stopping: the other agent started first"
-                if verdict == Verdict.YIELD
-                else "keeping this host: started first; the other must stop",
-            )
-        if verdict == Verdict.YIELD:
-            self.duplicate = seen
-            self.stop()
-            return
-        await self.bus.publish(
-            topics.status(self.host), encode(self._status(online=True)), retain=True
-        )
-        # whatever the other published (inventory, port states) is now wrong: put ours back
-        await self._announce()
+        await self.execute(self.core.on_status(seen, me=self.me, retained=msg.retain))
 
     async def _on_message(self, msg: BusMessage) -> None:
         parsed = topics.parse(msg.topic)

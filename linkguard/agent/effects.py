@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from linkguard.models import Ack, Plan, PortEvent, PortState
+from linkguard.models import Ack, HostStatus, Plan, PortEvent, PortState
 
 __all__ = [
     "ApplyPlan",
@@ -28,9 +28,11 @@ __all__ = [
     "PublishEvent",
     "PublishState",
     "RailChange",
+    "Reannounce",
     "RenderNccl",
     "ScheduleTimer",
     "SendAck",
+    "Yield",
 ]
 
 
@@ -152,6 +154,20 @@ class RailChange:
 
 
 @dataclass(frozen=True)
+class Yield:
+    """Another agent with this host name started first (``other``): stop, and withdraw the
+    routes on the way out (it applied another machine's plans)."""
+
+    other: HostStatus
+
+
+@dataclass(frozen=True)
+class Reannounce:
+    """A later duplicate published over this host: publish ``online`` again, then the
+    inventory, port states and last ack (what the other published is wrong)."""
+
+
+@dataclass(frozen=True)
 class ScheduleTimer:
     """Call the monitor's ``tick`` at ``deadline`` (monotonic s; None: nothing pending)."""
 
@@ -175,5 +191,7 @@ Effect = (
     | PersistPeerRoutes
     | RenderNccl
     | RailChange
+    | Yield
+    | Reannounce
     | ScheduleTimer
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
@@ -37,9 +37,11 @@ from linkguard.agent.effects import (
     PublishEvent,
     PublishState,
     RailChange,
+    Reannounce,
     RenderNccl,
     ScheduleTimer,
     SendAck,
+    Yield,
 )
 from linkguard.agent.hooks import HookRunner
 from linkguard.agent.localsub import RailMapServer
@@ -48,7 +50,7 @@ from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.agent.statefiles import StateFiles
 from linkguard.bus import BusSession
 from linkguard.metrics import AgentMetrics
-from linkguard.models import Ack, HostInventory, PortState, encode
+from linkguard.models import Ack, HostInventory, HostStatus, PortState, encode
 from linkguard.nccl import NcclFiles
 
 if TYPE_CHECKING:
@@ -81,6 +83,21 @@ class EffectExecutor:
     _wake: asyncio.Event
     _deadline: float | None
     _announced: bool
+    duplicate: HostStatus | None
+
+    def stop(self) -> None:
+        """Stop the agent (the wiring's)."""
+        raise NotImplementedError
+
+    def _status(
+        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
+    ) -> HostStatus:
+        """This agent's status message (the wiring's)."""
+        raise NotImplementedError
+
+    async def _announce(self, delay_s: float = 0.0) -> None:
+        """Publish the inventory, port states and last ack (the wiring's)."""
+        raise NotImplementedError
 
     @property
     def stats(self) -> AgentStats:
@@ -141,6 +158,15 @@ class EffectExecutor:
             self._render_nccl()
         elif isinstance(e, RailChange):
             self._rail_change(e.reason)
+        elif isinstance(e, Yield):
+            self.duplicate = e.other
+            self.stop()
+        elif isinstance(e, Reannounce):
+            await self.bus.publish(
+                topics.status(self.host), encode(self._status(online=True)), retain=True
+            )
+            # whatever the other published (inventory, port states) is now wrong: put ours back
+            await self._announce()
         elif isinstance(e, ScheduleTimer):
             self._deadline = e.deadline
             self._wake.set()

@@ -26,15 +26,18 @@ from linkguard.agent.effects import (
     PublishEvent,
     PublishState,
     RailChange,
+    Reannounce,
     RenderNccl,
     ScheduleTimer,
     SendAck,
+    Yield,
 )
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.plans import Refusal
 from linkguard.models import (
     Ack,
     AckResult,
+    HostStatus,
     Plan,
     PortEvent,
     PortState,
@@ -43,6 +46,7 @@ from linkguard.models import (
     encode,
     expand_plan,
 )
+from linkguard.presence import Me
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.solver import Solver, solve
 
@@ -379,6 +383,23 @@ def test_a_compact_plan_that_cannot_expand_is_refused_invalid_and_keeps_the_peer
     assert isinstance(effect, SendAck) and effect.ack.result == AckResult.REFUSED
     assert effect.ack.error is not None and effect.ack.error.startswith("invalid: ")
     assert core.stats.plans_refused == {"invalid": 1} and core.peers == {}
+
+
+# -- presence ------------------------------------------------------------------------------
+
+
+def test_a_duplicate_that_started_first_makes_this_agent_yield() -> None:
+    core = _core()
+    me = Me(instance="aaaa", started_at=100.0)
+    first = HostStatus(host=HOST, online=True, instance="bbbb", started_at=50.0)
+    later = HostStatus(host=HOST, online=True, instance="cccc", started_at=150.0)
+    gone = HostStatus(host=HOST, online=False, reason="stopped", instance="cccc")
+    mine = HostStatus(host=HOST, online=True, instance="aaaa", started_at=100.0)
+    assert core.on_status(first, me=me, retained=False) == [Yield(first)]
+    assert core.on_status(later, me=me, retained=False) == [Reannounce()]
+    assert core.on_status(gone, me=me, retained=False) == [Reannounce()]
+    assert core.on_status(mine, me=me, retained=False) == []
+    assert core.on_status(first, me=me, retained=True) == []  # an old retained copy
 
 
 # -- purity --------------------------------------------------------------------------------
