@@ -33,11 +33,11 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import structlog
 
-from linkguard import __version__, topics
+from linkguard import topics
 from linkguard.agent.applier import Applier, RouteTableLike
 from linkguard.agent.assembly import (
     discover,
@@ -71,8 +71,6 @@ from linkguard.models import (
     LinkLayer,
     PeerRoutes,
     Plan,
-    ProbeReport,
-    ProbeTargets,
     decode,
     encode,
 )
@@ -226,19 +224,6 @@ class Agent(EffectExecutor):
         """Retained peer routes, by peer."""
         return self.core.peers
 
-    def _status(
-        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
-    ) -> HostStatus:
-        return HostStatus(
-            host=self.host,
-            online=online,
-            reason=reason,
-            at=time.time(),
-            version=__version__,
-            instance=self.me.instance,
-            started_at=self.me.started_at,
-        )
-
     def stop(self) -> None:
         self._stop.set()
 
@@ -313,17 +298,9 @@ class Agent(EffectExecutor):
         except* _Stopped:
             pass
         finally:
+            if self._announcer is not None:
+                self._announcer.cancel()
             await self._shutdown()
-
-    async def _shutdown(self) -> None:
-        if self._announcer is not None:
-            self._announcer.cancel()
-        # a duplicate applied another machine's plans: never leave those routes behind
-        if self.settings.shutdown_policy == "withdraw" or self.duplicate is not None:
-            async with self._lock:
-                await self.applier.withdraw()
-            log.info("agent_withdrew_routes", table=self.settings.route_table)
-        log.info("agent_stopped", host=self.host)
 
     def _restore_term(self) -> None:
         """The highest term of the previous run: its file, or the restored plan's and peer
@@ -354,19 +331,6 @@ class Agent(EffectExecutor):
             self._announcer.cancel()
         self._announced = False
         self._announcer = asyncio.create_task(self._announce(PRESENCE_SETTLE_S), name="announce")
-
-    async def _announce(self, delay_s: float = 0.0) -> None:
-        """Publish everything the service should know of this host, from current state."""
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        if self.duplicate is not None:
-            return
-        self._announced = True
-        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
-        for st in self.monitor.snapshot(wall=time.time()):
-            await self._publish_state(st)
-        if self.last_ack is not None:
-            await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
 
     async def _on_status(self, msg: BusMessage) -> None:
         try:
@@ -413,32 +377,6 @@ class Agent(EffectExecutor):
                 plan, raw=msg.payload, topic=msg.topic, applied=self.applier.plan, now=time.time()
             )
             await self.execute(effects)
-
-    def _on_probe_targets(self, msg: BusMessage) -> None:
-        """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
-        change no route; the broker's ACL lets only the service publish them); a bad one is
-        dropped and counted like any message. An empty one (the service deleted the
-        retained targets) stops the probes."""
-        if self.prober is None:
-            return
-        if not msg.payload:
-            self.prober.clear_targets()
-            return
-        try:
-            targets = decode(
-                ProbeTargets,
-                msg.payload,
-                topic=msg.topic,
-                expect_host=self.host,
-                max_bytes=self.settings.bus.max_message_bytes,
-            )
-        except BadMessage as exc:
-            self.inbox.drop(msg, exc.reason, exc.detail)
-            return
-        self.prober.set_targets(targets)
-
-    async def _publish_probes(self, report: ProbeReport) -> None:
-        await self.bus.publish(topics.probe_report(self.host), encode(report), retain=False)
 
     # -- monitor side ---------------------------------------------------------------------
     async def _handle(self, out: MonitorOutput) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from linkguard import topics
+from linkguard import __version__, topics
 from linkguard.agent.applier import Applier, atomic_write
 from linkguard.agent.core import AgentCore, AgentStats
 from linkguard.agent.effects import (
@@ -44,16 +44,29 @@ from linkguard.agent.effects import (
     Yield,
 )
 from linkguard.agent.hooks import HookRunner
+from linkguard.agent.inbox import Inbox
 from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import PortMonitor
 from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.agent.statefiles import StateFiles
-from linkguard.bus import BusSession
+from linkguard.bus import BusMessage, BusSession
 from linkguard.metrics import AgentMetrics
-from linkguard.models import Ack, HostInventory, HostStatus, PortState, encode
+from linkguard.models import (
+    Ack,
+    BadMessage,
+    HostInventory,
+    HostStatus,
+    PortState,
+    ProbeReport,
+    ProbeTargets,
+    decode,
+    encode,
+)
 from linkguard.nccl import NcclFiles
+from linkguard.presence import Me
 
 if TYPE_CHECKING:
+    from linkguard.agent.prober import ProbeRunner
     from linkguard.config import AgentSettings
 
 __all__ = ["EffectExecutor"]
@@ -84,19 +97,12 @@ class EffectExecutor:
     _deadline: float | None
     _announced: bool
     duplicate: HostStatus | None
+    me: Me
+    inbox: Inbox
+    prober: ProbeRunner | None
 
     def stop(self) -> None:
         """Stop the agent (the wiring's)."""
-        raise NotImplementedError
-
-    def _status(
-        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
-    ) -> HostStatus:
-        """This agent's status message (the wiring's)."""
-        raise NotImplementedError
-
-    async def _announce(self, delay_s: float = 0.0) -> None:
-        """Publish the inventory, port states and last ack (the wiring's)."""
         raise NotImplementedError
 
     @property
@@ -218,3 +224,67 @@ class EffectExecutor:
         self.hooks.submit(change)
         if self.rails_socket is not None:
             self.rails_socket.publish(change)
+
+    # -- presence, probes, shutdown -----------------------------------------------------
+    def _status(
+        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
+    ) -> HostStatus:
+        """This agent's status message (``online``; ``reason`` of an offline one)."""
+        return HostStatus(
+            host=self.host,
+            online=online,
+            reason=reason,
+            at=time.time(),
+            version=__version__,
+            instance=self.me.instance,
+            started_at=self.me.started_at,
+        )
+
+    async def _announce(self, delay_s: float = 0.0) -> None:
+        """Publish everything the service should know of this host, from current state."""
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        if self.duplicate is not None:
+            return
+        self._announced = True
+        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        for st in self.monitor.snapshot(wall=time.time()):
+            await self._publish_state(st)
+        if self.last_ack is not None:
+            await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+
+    def _on_probe_targets(self, msg: BusMessage) -> None:
+        """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
+        change no route; the broker's ACL lets only the service publish them); a bad one is
+        dropped and counted like any message. An empty one (the service deleted the
+        retained targets) stops the probes."""
+        if self.prober is None:
+            return
+        if not msg.payload:
+            self.prober.clear_targets()
+            return
+        try:
+            targets = decode(
+                ProbeTargets,
+                msg.payload,
+                topic=msg.topic,
+                expect_host=self.host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+        except BadMessage as exc:
+            self.inbox.drop(msg, exc.reason, exc.detail)
+            return
+        self.prober.set_targets(targets)
+
+    async def _publish_probes(self, report: ProbeReport) -> None:
+        await self.bus.publish(topics.probe_report(self.host), encode(report), retain=False)
+
+    async def _shutdown(self) -> None:
+        """Withdraw the routes when the shutdown policy says so, or when this agent was a
+        duplicate."""
+        # a duplicate applied another machine's plans: never leave those routes behind
+        if self.settings.shutdown_policy == "withdraw" or self.duplicate is not None:
+            async with self._lock:
+                await self.applier.withdraw()
+            log.info("agent_withdrew_routes", table=self.settings.route_table)
+        log.info("agent_stopped", host=self.host)
