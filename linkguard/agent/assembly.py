@@ -9,12 +9,21 @@ around (configured ports not found, ignored probe settings, an unverified plan s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from linkguard.agent.applier import RouteTableLike
-from linkguard.agent.inventory import DiscoveredPort, pci_root, read_host_layout, with_layout
+from linkguard import topics
+from linkguard.agent.applier import Applier, RouteTableLike
+from linkguard.agent.inventory import (
+    DiscoveredPort,
+    build_inventory,
+    pci_root,
+    read_host_layout,
+    with_layout,
+)
+from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import PortMonitor
 from linkguard.config import AgentSettings, ConfigError
 from linkguard.drivers.base import PortSource
@@ -22,14 +31,22 @@ from linkguard.jobenv import AGENT_LOCK, AgentLock
 from linkguard.models import HostInventory, LinkLayer
 from linkguard.signing import Verifier
 
+if TYPE_CHECKING:
+    from linkguard.agent.prober import ProbeRunner
+
 __all__ = [
     "discover",
     "hold_agent_lock",
     "log_plan_verification",
+    "make_applier",
+    "make_inventory",
     "make_monitor",
+    "make_prober",
+    "make_rails_socket",
     "make_source",
     "make_table",
     "read_layout",
+    "subscriptions",
     "warn_ignored",
 ]
 
@@ -254,3 +271,82 @@ async def read_layout(settings: AgentSettings, inventory: HostInventory) -> Host
         problems=len(layout.problems),
     )
     return inventory
+
+
+def make_inventory(
+    settings: AgentSettings, discovered: Sequence[DiscoveredPort] | None
+) -> HostInventory:
+    """The host inventory from the configured ports and the ones found in sysfs
+    (``discovered``; None: :func:`discover` them); what does not match is logged."""
+    found = discover(settings) if discovered is None else discovered
+    inventory = build_inventory(
+        settings.host,
+        configured=settings.ports,
+        discovered=found,
+        endpoints=settings.endpoints,
+        default_link_layer=(
+            LinkLayer.ETHERNET if settings.driver == "netlink" else LinkLayer.INFINIBAND
+        ),
+    )
+    warn_ignored(settings, found, inventory)
+    return inventory
+
+
+def make_applier(
+    settings: AgentSettings,
+    table: RouteTableLike,
+    netdevs: Collection[str],
+    verifier: Verifier | None,
+) -> Applier:
+    """The applier of plans into ``table`` (``netdevs``: this host's rail netdevs)."""
+    s = settings
+    return Applier(
+        host=s.host,
+        table=table,
+        netdevs=netdevs,
+        prefixes=s.endpoint_prefixes,
+        rail_map_path=s.rail_map_path,
+        state_dir=s.state_dir,
+        verifier=verifier,
+        require_signed=s.require_signed_plans,
+        route_source=s.routes.source == "endpoint",
+        rto_min_ms=s.routes.rto_min_ms,
+        neighbour_flush=s.routes.neighbour_flush,
+    )
+
+
+def make_prober(settings: AgentSettings) -> ProbeRunner | None:
+    """Per-rail probes toward the service's targets (``probes.enabled``; None: off)."""
+    if not settings.probes.enabled:
+        return None
+    from linkguard.agent.prober import ProbeRunner  # scapy (~25 MiB) is imported only then
+
+    return ProbeRunner(settings.host, netns=settings.netns)
+
+
+def make_rails_socket(
+    settings: AgentSettings, *, current: Callable[[], dict[str, Any]]
+) -> RailMapServer | None:
+    """The rails socket for local subscribers (``rails_socket``; None: off)."""
+    if settings.rails_socket is None:
+        return None
+    return RailMapServer(
+        settings.rails_socket,
+        current=current,
+        group=settings.rails_socket_group,
+        queue=settings.rails_socket_queue,
+    )
+
+
+def subscriptions(settings: AgentSettings) -> list[str | tuple[str, int]]:
+    """The agent's topics: its plan and status, every peer's routes, its probe targets."""
+    host = settings.host
+    return [
+        topics.plan(host),
+        topics.status(host),
+        # QoS 0: each is retained and replaces the last, so a delivery lost with a
+        # connection comes back as the retained copy on the resubscribe; saves every
+        # host a PUBACK per peer change (256 per host link event at 256 hosts)
+        (topics.all_peer_routes(), 0),
+        *([topics.probe_targets(host)] if settings.probes.enabled else []),
+    ]

@@ -38,24 +38,27 @@ from typing import TYPE_CHECKING
 import structlog
 
 from linkguard import topics
-from linkguard.agent.applier import Applier, RouteTableLike
+from linkguard.agent.applier import RouteTableLike
 from linkguard.agent.assembly import (
     discover,
     hold_agent_lock,
     log_plan_verification,
+    make_applier,
+    make_inventory,
     make_monitor,
+    make_prober,
+    make_rails_socket,
     make_source,
     make_table,
     read_layout,
-    warn_ignored,
+    subscriptions,
 )
 from linkguard.agent.core import AgentCore, AgentStats
 from linkguard.agent.effects import FlushNeighbours
 from linkguard.agent.executor import EffectExecutor
 from linkguard.agent.hooks import HookRunner
 from linkguard.agent.inbox import Inbox
-from linkguard.agent.inventory import DiscoveredPort, build_inventory
-from linkguard.agent.localsub import RailMapServer
+from linkguard.agent.inventory import DiscoveredPort
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.railmap import RailChanges
 from linkguard.agent.statefiles import StateFiles
@@ -68,7 +71,6 @@ from linkguard.models import (
     AckResult,
     BadMessage,
     HostStatus,
-    LinkLayer,
     PeerRoutes,
     Plan,
     decode,
@@ -107,17 +109,7 @@ class Agent(EffectExecutor):
         s = self.settings = settings
         self.host = settings.host
         self.me = Me()
-        found = discover(settings) if discovered is None else discovered
-        self.inventory = build_inventory(
-            settings.host,
-            configured=settings.ports,
-            discovered=found,
-            endpoints=settings.endpoints,
-            default_link_layer=(
-                LinkLayer.ETHERNET if settings.driver == "netlink" else LinkLayer.INFINIBAND
-            ),
-        )
-        warn_ignored(settings, found, self.inventory)
+        self.inventory = make_inventory(settings, discovered)
         self.rails = {h.key: h.rail for h in self.inventory.hcas}
         #: the service's public key (None: plans are applied unverified); KeyFileError (a
         #: ConfigError) for a key file that cannot be read
@@ -134,19 +126,7 @@ class Agent(EffectExecutor):
         self.files.restore_history(now=time.monotonic(), wall=time.time())
         self.files.restore_health(now=time.monotonic(), wall=time.time())
         netdevs = {h.netdev for h in self.inventory.hcas if h.netdev}
-        self.applier = Applier(
-            host=self.host,
-            table=self.table,
-            netdevs=netdevs,
-            prefixes=s.endpoint_prefixes,
-            rail_map_path=s.rail_map_path,
-            state_dir=s.state_dir,
-            verifier=self.verifier,
-            require_signed=self.require_signed,
-            route_source=s.routes.source == "endpoint",
-            rto_min_ms=s.routes.rto_min_ms,
-            neighbour_flush=s.routes.neighbour_flush,
-        )
+        self.applier = make_applier(settings, self.table, netdevs, self.verifier)
         #: the decisions: fast path, plan acceptance, peer routes, leader term
         self.core = AgentCore(
             host=self.host,
@@ -167,20 +147,9 @@ class Agent(EffectExecutor):
         self.rail_changes = RailChanges(self.host)
         self.hooks = HookRunner(s.hooks)
         #: per-rail probes toward the service's targets (``probes.enabled``; None: off)
-        self.prober: ProbeRunner | None = None
-        if s.probes.enabled:  # scapy (~25 MiB) is imported only then
-            from linkguard.agent.prober import ProbeRunner
-
-            self.prober = ProbeRunner(self.host, netns=s.netns)
-        self.rails_socket = (
-            RailMapServer(
-                s.rails_socket,
-                current=lambda: self.rail_changes.current(now=time.time()),
-                group=s.rails_socket_group,
-                queue=s.rails_socket_queue,
-            )
-            if s.rails_socket is not None
-            else None
+        self.prober: ProbeRunner | None = make_prober(settings)
+        self.rails_socket = make_rails_socket(
+            settings, current=lambda: self.rail_changes.current(now=time.time())
         )
         #: Prometheus metrics (its own registry); the exporter runs while :meth:`run` does
         self.metrics = AgentMetrics(self)
@@ -195,15 +164,7 @@ class Agent(EffectExecutor):
         self.bus = bus_factory(
             **s.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
-            subscriptions=[
-                topics.plan(self.host),
-                topics.status(self.host),
-                # QoS 0: each is retained and replaces the last, so a delivery lost with a
-                # connection comes back as the retained copy on the resubscribe; saves every
-                # host a PUBACK per peer change (256 per host link event at 256 hosts)
-                (topics.all_peer_routes(), 0),
-                *([topics.probe_targets(self.host)] if s.probes.enabled else []),
-            ],
+            subscriptions=subscriptions(settings),
             handler=self._on_message,  # bus -> core (plans, peer routes), presence, probes
             on_connect=self._on_connect,
             will=Will(topics.status(self.host), encode(self._status(online=False, reason="lost"))),
