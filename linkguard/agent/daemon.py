@@ -307,19 +307,7 @@ class Agent(EffectExecutor):
             await self._on_status(msg)
             return
         if parsed is not None and parsed.kind == "peers":
-            pr = self.inbox.decode(PeerRoutes, msg, parsed.host) if msg.payload else None
-            if pr is None and msg.payload:
-                return
-            await self.execute(
-                self.core.on_peer_routes(
-                    parsed.host,
-                    pr,
-                    raw=msg.payload,
-                    topic=msg.topic,
-                    applied=self.applier.plan,
-                    now=time.time(),
-                )
-            )
+            await self._on_peer_routes(msg, parsed.host)
             return
         if parsed is not None and parsed.kind == "probe_targets" and parsed.host == self.host:
             self._on_probe_targets(msg)
@@ -338,6 +326,18 @@ class Agent(EffectExecutor):
                 plan, raw=msg.payload, topic=msg.topic, applied=self.applier.plan, now=time.time()
             )
             await self.execute(effects)
+
+    async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
+        """``peers/<peer>``: decoded (a zero-length payload: deleted) -> core -> effects."""
+        pr = self.inbox.decode(PeerRoutes, msg, peer) if msg.payload else None
+        if pr is None and msg.payload:
+            return
+        now = time.time()
+        applied = self.applier.plan
+        effects = self.core.on_peer_routes(
+            peer, pr, raw=msg.payload, topic=msg.topic, applied=applied, now=now
+        )
+        await self.execute(effects)
 
     # -- monitor side ---------------------------------------------------------------------
     async def _handle(self, out: MonitorOutput) -> None:
