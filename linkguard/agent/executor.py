@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from linkguard import __version__, topics
-from linkguard.agent.applier import Applier, atomic_write
+from linkguard.agent.applier import Applier
 from linkguard.agent.core import AgentCore, AgentStats
 from linkguard.agent.effects import (
     ApplyPlan,
@@ -49,6 +49,7 @@ from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import PortMonitor
 from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.agent.statefiles import StateFiles
+from linkguard.atomicfile import atomic_write
 from linkguard.bus import BusMessage, BusSession
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import structlog
 
-from linkguard.agent.applier import atomic_write
 from linkguard.agent.monitor import PortMonitor
+from linkguard.atomicfile import atomic_write
 
 __all__ = ["HEALTH_STATE_VERSION", "StateFiles"]
 
