@@ -438,10 +438,22 @@ def test_every_damping_decision_takes_a_monotonic_now() -> None:
     assert not re.search(r"^\s*(import|from)\s+(time|datetime)\b", monitor_src, re.M)
     assert "time.time(" not in monitor_src and "datetime" not in monitor_src
     daemon_src = (root / "daemon.py").read_text()
-    calls = re.findall(
-        r"self\.monitor\.(observe|tick|history|restore)\(([^)]*\)?[^)]*)\)", daemon_src
-    )
-    assert {name for name, _ in calls} == {"observe", "tick", "history", "restore"}
+    # the wiring and the executors call the monitor and the state files (which call it with
+    # the ``now`` they are given) with a monotonic now
+    wiring_src = daemon_src + (root / "executor.py").read_text()
+    files_src = (root / "statefiles.py").read_text()
+    pattern = r"self\.monitor\.(observe|tick|history|restore)\(([^)]*\)?[^)]*)\)"
+    calls = re.findall(pattern, wiring_src)
+    file_calls = re.findall(pattern, files_src)
+    assert {name for name, _ in calls + file_calls} == {"observe", "tick", "history", "restore"}
     for name, args in calls:
+        assert "now=time.monotonic()" in args, (name, args)
+    for name, args in file_calls:
+        assert "now=now" in args, (name, args)
+    saves = re.findall(
+        r"self\.files\.(save_history|restore_history)\(([^)]*\)?[^)]*)\)", wiring_src
+    )
+    assert {name for name, _ in saves} == {"save_history", "restore_history"}
+    for name, args in saves:
         assert "now=time.monotonic()" in args, (name, args)
     assert "self._deadline - time.monotonic()" in daemon_src

@@ -371,6 +371,14 @@ class Applier:
                 error=str(exc),
                 applied_at=time.time(),
             )
+        return await self.put(plan, persist=persist, t0=t0)
+
+    async def put(self, plan: Plan, *, persist: bool = True, t0: float | None = None) -> Ack:
+        """Apply ``plan`` without checking it: the caller has (the agent's core, with
+        :func:`~linkguard.agent.plans.check_plan`). The ack says applied or failed; its
+        ``apply_ms`` counts from ``t0`` (monotonic s; default: now). ``persist`` as in
+        :meth:`apply`."""
+        t0 = time.monotonic() if t0 is None else t0
         self.plan = plan
         if persist:
             atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)

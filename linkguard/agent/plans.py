@@ -14,22 +14,51 @@ prefix route would otherwise carry it out over a rail that does not reach it.
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from linkguard.models import Plan, PrefixRoute, RailAssignment, RouteAssignment
 
-__all__ = ["Effective", "PlanRefused", "check_plan", "effective", "nccl_ib_hca", "rail_map"]
+__all__ = [
+    "Effective",
+    "PlanRefused",
+    "Refusal",
+    "check_plan",
+    "effective",
+    "nccl_ib_hca",
+    "rail_map",
+]
+
+
+class Refusal(enum.StrEnum):
+    """Why a plan (or peer routes message) is not applied. The value is the ``reason`` of the
+    ``plan_refused`` log line, the key of ``stats.plans_refused`` and the prefix of a refused
+    ack's ``error`` (``"<reason>: <detail>"``)."""
+
+    WRONG_HOST = "wrong_host"
+    #: a lower leader term than the highest seen: a deposed service's (never acked)
+    DEPOSED_LEADER = "deposed_leader"
+    #: no newer than the plan applied or in hand (never acked: an old retained copy)
+    STALE_EPOCH = "stale_epoch"
+    OUT_OF_SCOPE = "out_of_scope"
+    #: malformed beyond the schema: a prefix listed twice, a compact plan that cannot expand
+    INVALID = "invalid"
+
+    @property
+    def acked(self) -> bool:
+        """False for the refusals the service is not told of (an old retained message)."""
+        return self not in (Refusal.STALE_EPOCH, Refusal.DEPOSED_LEADER)
 
 
 class PlanRefused(ValueError):
-    """A plan that must not be applied. ``reason``: wrong_host, deposed_leader (a lower leader
-    term than the applied plan's), stale_epoch, out_of_scope, invalid (one prefix listed twice
-    in a plan's or a backup's ``prefix_routes``)."""
+    """A plan that must not be applied. ``reason``: a :class:`Refusal` (wrong_host,
+    deposed_leader: a lower leader term than the applied plan's, stale_epoch, out_of_scope,
+    invalid: one prefix listed twice in a plan's or a backup's ``prefix_routes``)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
+    def __init__(self, reason: Refusal, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
 
@@ -54,24 +83,25 @@ def check_plan(
     ``prefix_routes`` lists (the very objects, as an expanded compact plan shares them) are
     not checked again."""
     if plan.host != host:
-        raise PlanRefused("wrong_host", f"plan for {plan.host!r}, this is {host!r}")
+        raise PlanRefused(Refusal.WRONG_HOST, f"plan for {plan.host!r}, this is {host!r}")
     if plan.term < applied_term:
         raise PlanRefused(
-            "deposed_leader", f"term {plan.term} < applied {applied_term}: a deposed leader's"
+            Refusal.DEPOSED_LEADER, f"term {plan.term} < applied {applied_term}: a deposed leader's"
         )
     if applied_epoch is not None and (plan.term, plan.epoch) <= (applied_term, applied_epoch):
-        raise PlanRefused("stale_epoch", f"epoch {plan.epoch} <= applied {applied_epoch}")
+        raise PlanRefused(Refusal.STALE_EPOCH, f"epoch {plan.epoch} <= applied {applied_epoch}")
     routes = list(plan.routes)
     for b in plan.backups:
         routes.extend(b.routes)
     for r in routes:
         if prefixes and not any(r.destination in p for p in prefixes):
             raise PlanRefused(
-                "out_of_scope", f"destination {r.destination} outside {sorted(map(str, prefixes))}"
+                Refusal.OUT_OF_SCOPE,
+                f"destination {r.destination} outside {sorted(map(str, prefixes))}",
             )
         if r.netdev is None or r.netdev not in netdevs:
             raise PlanRefused(
-                "out_of_scope", f"netdev {r.netdev!r} is not one of this host's rails"
+                Refusal.OUT_OF_SCOPE, f"netdev {r.netdev!r} is not one of this host's rails"
             )
     seen: set[int] = set()
     if checked is not None:
@@ -93,16 +123,16 @@ def _check_prefix_routes(
     seen: set[ipaddress.IPv4Network] = set()
     for pr in prefix_routes:
         if pr.prefix in seen:
-            raise PlanRefused("invalid", f"{where}: prefix {pr.prefix} listed twice")
+            raise PlanRefused(Refusal.INVALID, f"{where}: prefix {pr.prefix} listed twice")
         seen.add(pr.prefix)
         if prefixes and not any(pr.prefix.subnet_of(p) for p in prefixes):
             raise PlanRefused(
-                "out_of_scope", f"prefix {pr.prefix} outside {sorted(map(str, prefixes))}"
+                Refusal.OUT_OF_SCOPE, f"prefix {pr.prefix} outside {sorted(map(str, prefixes))}"
             )
         for rail, netdev in zip(pr.rails, pr.netdevs, strict=True):
             if netdev is None or netdev not in netdevs:
                 raise PlanRefused(
-                    "out_of_scope",
+                    Refusal.OUT_OF_SCOPE,
                     f"prefix {pr.prefix}: rail {rail} netdev {netdev!r} is not one of this "
                     "host's rails",
                 )

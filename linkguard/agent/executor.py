@@ -1,0 +1,291 @@
+"""The executors of the agent's effects (:mod:`linkguard.agent.effects`).
+
+Consumes: the effect lists :class:`~linkguard.agent.core.AgentCore` returns. Produces: kernel
+route changes (through the :class:`~linkguard.agent.applier.Applier`, under its lock),
+retained states and acks and the events on the bus, the state dir's files
+(:mod:`linkguard.agent.statefiles`), the NCCL files, rail changes for the hooks and the rails
+socket, metrics. :class:`EffectExecutor` is the base of the wiring's
+:class:`~linkguard.agent.daemon.Agent`, which owns the parts it names; it creates no task (a
+:class:`~linkguard.agent.effects.FlushNeighbours` in the background is started by the wiring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+
+from linkguard import __version__, topics
+from linkguard.agent.applier import Applier
+from linkguard.agent.core import AgentCore, AgentStats
+from linkguard.agent.effects import (
+    ApplyPlan,
+    Effect,
+    FastPath,
+    FlushNeighbours,
+    MarkPortUp,
+    ObserveAck,
+    ObserveEvents,
+    PersistHealth,
+    PersistHistory,
+    PersistPeerRoutes,
+    PersistPlan,
+    PersistTerm,
+    PublishEvent,
+    PublishState,
+    RailChange,
+    Reannounce,
+    RenderNccl,
+    ScheduleTimer,
+    SendAck,
+    Yield,
+)
+from linkguard.agent.hooks import HookRunner
+from linkguard.agent.inbox import Inbox
+from linkguard.agent.localsub import RailMapServer
+from linkguard.agent.monitor import PortMonitor
+from linkguard.agent.railmap import RailChanges, rail_view
+from linkguard.agent.statefiles import StateFiles
+from linkguard.atomicfile import atomic_write
+from linkguard.bus import BusMessage, BusSession
+from linkguard.metrics import AgentMetrics
+from linkguard.models import (
+    Ack,
+    BadMessage,
+    HostInventory,
+    HostStatus,
+    PortState,
+    ProbeReport,
+    ProbeTargets,
+    decode,
+    encode,
+)
+from linkguard.nccl import NcclFiles
+from linkguard.presence import Me
+
+if TYPE_CHECKING:
+    from linkguard.agent.prober import ProbeRunner
+    from linkguard.config import AgentSettings
+
+__all__ = ["EffectExecutor"]
+
+log = structlog.get_logger(__name__)
+
+
+class EffectExecutor:
+    """Runs effects in order (:meth:`execute`); the parts are set by the wiring."""
+
+    settings: AgentSettings
+    host: str
+    core: AgentCore
+    inventory: HostInventory
+    rails: dict[str, int]
+    monitor: PortMonitor
+    applier: Applier
+    files: StateFiles
+    nccl: NcclFiles
+    rail_changes: RailChanges
+    hooks: HookRunner
+    rails_socket: RailMapServer | None
+    metrics: AgentMetrics
+    bus: BusSession
+    last_ack: Ack | None
+    _lock: asyncio.Lock
+    _wake: asyncio.Event
+    _deadline: float | None
+    _announced: bool
+    duplicate: HostStatus | None
+    me: Me
+    inbox: Inbox
+    prober: ProbeRunner | None
+
+    def stop(self) -> None:
+        """Stop the agent (the wiring's)."""
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> AgentStats:
+        """The core's counters."""
+        return self.core.stats
+
+    async def execute(self, effects: Iterable[Effect]) -> None:
+        """Run ``effects`` in order; the core's answers to an apply run right after it."""
+        for effect in effects:
+            await self._execute(effect)
+
+    async def _execute(self, e: Effect) -> None:
+        if isinstance(e, ObserveEvents):
+            self.metrics.observe_events(list(e.events))
+        elif isinstance(e, ObserveAck):
+            self.metrics.observe_ack(e.ack)
+        elif isinstance(e, FastPath):
+            async with self._lock:
+                ack = await self.applier.port_down(e.port)
+            await self.execute(self.core.fast_path_applied(e.port, ack))
+        elif isinstance(e, MarkPortUp):
+            self.applier.port_up(e.port)
+        elif isinstance(e, ApplyPlan):
+            async with self._lock:
+                ack = await self.applier.put(e.plan, persist=e.persist_json)
+                if e.raw is not None:
+                    atomic_write(self.applier.plan_path, e.raw, mode=0o600)
+            await self.execute(self.core.plan_applied(ack))
+        elif isinstance(e, SendAck):
+            await self._send_ack(e.ack)
+        elif isinstance(e, PublishState):
+            await self._publish_state(e.state)
+        elif isinstance(e, PublishEvent):
+            ev = e.event
+            log.info(
+                "port_event",
+                port=f"{ev.hca}/{ev.port}",
+                rail=ev.rail,
+                previous=ev.previous.value,
+                current=ev.current.value,
+                reason=ev.reason,
+            )
+            if self._announced:
+                await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
+        elif isinstance(e, FlushNeighbours):  # background: the wiring starts it as a task
+            await self._flush_neighbours()
+        elif isinstance(e, PersistHistory):
+            self.files.save_history(now=time.monotonic(), wall=time.time())
+        elif isinstance(e, PersistHealth):
+            self.files.save_health(now=time.monotonic(), wall=time.time())
+        elif isinstance(e, PersistTerm):
+            self.files.save_term(e.term)
+        elif isinstance(e, PersistPlan):
+            atomic_write(self.applier.plan_path, e.raw, mode=0o600)
+        elif isinstance(e, PersistPeerRoutes):
+            atomic_write(self.applier.peers_dir / f"{e.peer}.json", e.raw, mode=0o600)
+        elif isinstance(e, RenderNccl):
+            self._render_nccl()
+        elif isinstance(e, RailChange):
+            self._rail_change(e.reason)
+        elif isinstance(e, Yield):
+            self.duplicate = e.other
+            self.stop()
+        elif isinstance(e, Reannounce):
+            await self.bus.publish(
+                topics.status(self.host), encode(self._status(online=True)), retain=True
+            )
+            # whatever the other published (inventory, port states) is now wrong: put ours back
+            await self._announce()
+        elif isinstance(e, ScheduleTimer):
+            self._deadline = e.deadline
+            self._wake.set()
+
+    async def _send_ack(self, ack: Ack) -> None:
+        self.last_ack = ack
+        if self._announced:  # else the announce publishes it
+            await self.bus.publish(topics.ack(self.host), encode(ack), retain=True)
+
+    async def _publish_state(self, st: PortState) -> None:
+        if not self._announced:  # the announce publishes the current snapshot
+            return
+        self.stats.states_published += 1
+        await self.bus.publish(
+            topics.port_state(self.host, st.hca, st.port), encode(st), retain=True
+        )
+
+    async def _flush_neighbours(self) -> None:
+        """The neighbour entries the last route changes left stale (the applier's
+        ``flush_stale``), under the applier's lock: the netlink socket takes one request at
+        a time."""
+        async with self._lock:
+            await self.applier.flush_stale()
+
+    def _render_nccl(self) -> None:
+        """Rewrite the NCCL files from the applied plan and the ports' states (only what
+        changed; a failure is logged by :class:`~linkguard.nccl.NcclFiles`, never raised)."""
+        states = [self.monitor.state(h.key) for h in self.inventory.hcas]
+        self.nccl.update(self.inventory, [s for s in states if s is not None], self.applier.plan)
+
+    def _rail_change(self, reason: str) -> None:
+        """Hand what jobs see (GPU -> HCA map, rails lost, ports out of use) to the hooks and
+        the rails socket when it changed (:mod:`linkguard.agent.railmap`), after rewriting the
+        NCCL files to match it; never waits."""
+        if not self.settings.hooks and self.rails_socket is None:
+            return
+        view = rail_view(
+            plan=self.applier.plan,
+            locally_down=self.applier.locally_down,
+            rails=self.rails,
+            states=self.monitor.snapshot(wall=time.time()),
+        )
+        change = self.rail_changes.observe(view, now=time.time(), reason=reason)
+        if change is None:
+            return
+        # nccl.env first: a job that restarts on this change (linkguard.jobwatch) through
+        # `linkguard exec` must read the rails it announces, never the ones before it
+        self._render_nccl()
+        self.hooks.submit(change)
+        if self.rails_socket is not None:
+            self.rails_socket.publish(change)
+
+    # -- presence, probes, shutdown -----------------------------------------------------
+    def _status(
+        self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
+    ) -> HostStatus:
+        """This agent's status message (``online``; ``reason`` of an offline one)."""
+        return HostStatus(
+            host=self.host,
+            online=online,
+            reason=reason,
+            at=time.time(),
+            version=__version__,
+            instance=self.me.instance,
+            started_at=self.me.started_at,
+        )
+
+    async def _announce(self, delay_s: float = 0.0) -> None:
+        """Publish everything the service should know of this host, from current state."""
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        if self.duplicate is not None:
+            return
+        self._announced = True
+        await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        for st in self.monitor.snapshot(wall=time.time()):
+            await self._publish_state(st)
+        if self.last_ack is not None:
+            await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+
+    def _on_probe_targets(self, msg: BusMessage) -> None:
+        """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
+        change no route; the broker's ACL lets only the service publish them); a bad one is
+        dropped and counted like any message. An empty one (the service deleted the
+        retained targets) stops the probes."""
+        if self.prober is None:
+            return
+        if not msg.payload:
+            self.prober.clear_targets()
+            return
+        try:
+            targets = decode(
+                ProbeTargets,
+                msg.payload,
+                topic=msg.topic,
+                expect_host=self.host,
+                max_bytes=self.settings.bus.max_message_bytes,
+            )
+        except BadMessage as exc:
+            self.inbox.drop(msg, exc.reason, exc.detail)
+            return
+        self.prober.set_targets(targets)
+
+    async def _publish_probes(self, report: ProbeReport) -> None:
+        await self.bus.publish(topics.probe_report(self.host), encode(report), retain=False)
+
+    async def _shutdown(self) -> None:
+        """Withdraw the routes when the shutdown policy says so, or when this agent was a
+        duplicate."""
+        # a duplicate applied another machine's plans: never leave those routes behind
+        if self.settings.shutdown_policy == "withdraw" or self.duplicate is not None:
+            async with self._lock:
+                await self.applier.withdraw()
+            log.info("agent_withdrew_routes", table=self.settings.route_table)
+        log.info("agent_stopped", host=self.host)
