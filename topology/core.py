@@ -47,7 +47,6 @@ from linkguard.models import (
 from linkguard.presence import Me, Verdict, judge
 from linkguard.signing import SignatureError, Verifier, unwrap
 from linkguard.topology.audit import inventory_problems
-from linkguard.topology.backoff import SolveBackoff
 from linkguard.topology.effects import (
     AnnounceOnline,
     ClearRetained,
@@ -60,15 +59,15 @@ from linkguard.topology.effects import (
     PublishPlans,
     Reissue,
     RetainedKind,
-    ScheduleSolve,
     StopDuplicate,
 )
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.integrity import Integrity, Refused
 from linkguard.topology.probedesk import ProbeDesk
-from linkguard.topology.state import FabricState, Fresh, Solved
+from linkguard.topology.schedule import SolveSchedule
+from linkguard.topology.state import FabricState
 
-__all__ = ["DECODERS", "ServiceCore", "head"]
+__all__ = ["DECODERS", "ServiceCore"]
 
 #: the model of every message kind the service reads, by topic kind (:func:`topics.parse`)
 DECODERS: dict[str, type[BaseModel]] = {
@@ -109,9 +108,9 @@ class ServiceCore:
         self.state = FabricState(fabric=fabric, epoch_start=epoch_start)
         #: refused messages by reason
         self.dropped: Counter[str] = Counter()
-        #: when to solve after a change (RFC 8405 back-off, ``solve_*`` and ``debounce_ms``)
-        self.backoff = SolveBackoff(settings.backoff_policy())
         self.integrity = Integrity(verifier)
+        #: when to solve, what a publish owes, whom to route around
+        self.schedule = SolveSchedule(settings, fabric, self.state)
         #: per host, since when (s) its agent has been online: a probe target's responder
         #: runs in its agent (see :meth:`ProbeDesk.on_report`)
         self.online_since: dict[str, float] = {}
@@ -144,13 +143,6 @@ class ServiceCore:
         #: instance's)
         self.inherited_faults: FabricFaults | None = None
         self._warned: set[tuple[str, ...]] = set()
-        #: hosts the last publish waits for an applied ack from; (epoch, hosts, publish time)
-        self._awaiting: set[str] = set()
-        self._awaited: tuple[int, int, float] = (0, 0, 0.0)
-        self.solves = 0
-        self.plans_published = 0
-        self.plans_per_host: Counter[str] = Counter()
-        self._route_around_held = False
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -168,14 +160,8 @@ class ServiceCore:
         return [Log("warning", event, dict(kw))]
 
     def changed(self, now: float, *, urgent: bool = True) -> list[Effect]:
-        """A change that needs a solve: schedule it (RFC 8405 back-off). ``urgent``: something
-        went out of use (see :meth:`SolveBackoff.on_change`)."""
-        due = self.backoff.on_change(now, urgent=urgent)
-        fields = {
-            "state": self.backoff.state.value,
-            "due_in_ms": round(max(0.0, due - now) * 1000, 1),
-        }
-        return [ScheduleSolve(due), Log("debug", "solve_scheduled", fields)]
+        """A change that needs a solve (:meth:`SolveSchedule.changed`)."""
+        return self.schedule.changed(now, urgent=urgent)
 
     # -- bus messages --------------------------------------------------------------------
 
@@ -332,18 +318,7 @@ class ServiceCore:
         for (the last one logs ``plans_acked``: epoch, hosts, ms from the publish)."""
         self.state.on_ack(ack)
         out: list[Effect] = [Emit("ack", ack.model_dump(mode="json"))]
-        waiting = self._awaiting
-        due = self.state.acked_epoch(ack.host)
-        if (
-            ack.host in waiting
-            and ack.result == AckResult.APPLIED
-            and not (due is not None and ack.epoch < due)
-        ):
-            waiting.discard(ack.host)
-            if not waiting:
-                epoch, hosts, since = self._awaited
-                ms = round((now - since) * 1000, 1)
-                out.append(Log("info", "plans_acked", {"epoch": epoch, "hosts": hosts, "ms": ms}))
+        out += self.schedule.on_applied(ack, now)
         # one line per host and event would be thousands a minute at fleet scale: the applied
         # ones are debug, ``plans_acked`` says when all hosts are through
         fields = {
@@ -542,115 +517,8 @@ class ServiceCore:
         }
         return [Log("warning", "port_states_missing", fields)]
 
-    def solve_started(self, now: float) -> bool:
-        """The solver task wakes at ``now`` (a solve due, or the first after the settle): the
-        back-off takes every change so far. Returns whether a solve is needed (the state is
-        dirty); then :meth:`FabricState.prepare`, :meth:`FabricState.compute` (pure, CPU-bound:
-        the wiring runs it in a worker thread) and :meth:`commit`."""
-        self.backoff.started(now)
-        return self.state.dirty
-
-    def commit(self, fresh: Fresh) -> tuple[Solved, PublishPlans]:
-        """Take a solve's output: the plans and peer routes to publish, in order: full plans
-        first (a host that just lost a rail applies its new plan once, and the peer routes that
-        follow do not touch a full plan), then the peer routes, then compact plans (a host
-        that is whole again expands its plan with the peer routes of the same solve)."""
-        solved = self.state.commit(fresh)
-        self.solves += 1
-        full = [(topics.plan(p.host), p) for p in solved.publish if p.shared is None]
-        compact = [(topics.plan(p.host), p) for p in solved.publish if p.shared is not None]
-        peers = [(topics.peer_routes(p.host), p) for p in solved.peers]
-        messages: list[tuple[str, Plan | PeerRoutes]] = [*full, *peers, *compact]
-        return solved, PublishPlans(tuple(messages), why="solve")
-
-    def published(
-        self,
-        solved: Solved,
-        unusable: dict[str, frozenset[int]],
-        *,
-        now: float,
-        messages: int,
-        size: int,
-        timings_ms: tuple[float, float, float],
-    ) -> list[Effect]:
-        """A solve's plans went out at ``now`` (``messages`` payloads of ``size`` bytes in
-        all; ``timings_ms``: solve, encode, publish): counted, the hosts owing an ack noted,
-        emitted as a ``plans`` change and logged as ``plans_published``."""
-        solve_ms, encode_ms, publish_ms = timings_ms
-        for h in solved.hosts:
-            self.plans_published += 1
-            self.plans_per_host[h] += 1
-        out: list[Effect] = []
-        if solved.hosts:
-            self._awaiting = set(self.state.pending_acks(solved.hosts))
-            self._awaited = (solved.epoch, len(self._awaiting), now)
-            data = {
-                "epoch": solved.epoch,
-                "hosts": sorted(solved.hosts),
-                "peer_routes": sorted(p.host for p in solved.peers),
-                "messages": messages,
-                "solve_ms": solve_ms,
-            }
-            out.append(Emit("plans", data))
-        fields = {
-            "epoch": solved.epoch,
-            "changed": len(solved.hosts),
-            "messages": messages,
-            "peer_routes": len(solved.peers),
-            "unchanged": solved.unchanged,
-            "solve_ms": solve_ms,
-            "encode_ms": encode_ms,
-            "publish_ms": publish_ms,
-            "bytes": size,
-            "unusable": head(f"{h}:{sorted(r)}" for h, r in unusable.items()),
-        }
-        out.append(Log("info", "plans_published", fields))
-        return out
-
-    def route_around(self, now: float) -> tuple[list[Effect], float | None]:
-        """Route around hosts whose agent's last will arrived and that are not back within
-        ``offline.route_around_after_s`` (:meth:`FabricState.route_around`): each is logged
-        (``host_routed_around``), emitted as a ``host`` change with ``routed_around`` and
-        solved at once. More hosts lost at once than ``offline.max_fraction`` allows logs
-        ``route_around_held`` once per episode and adds none. Returns the effects and when to
-        check again (s; None: when a host status arrives)."""
-        cfg = self.settings.offline
-        limit = cfg.limit(len(self.fabric.hosts))
-        r = self.state.route_around(now, after_s=cfg.route_around_after_s, limit=limit)
-        out: list[Effect] = []
-        for h in r.added:
-            fields: dict[str, Any] = {
-                "host": h,
-                "after_s": cfg.route_around_after_s,
-                "hint": "its agent's last will arrived and it is not back: peers get "
-                "unreachable routes to its endpoints until it is online again",
-            }
-            out.append(Log("warning", "host_routed_around", fields))
-            out.append(
-                Emit("host", {"host": h, "online": False, "reason": "lost", "routed_around": True})
-            )
-        if r.added:
-            out += self.changed(now, urgent=True)
-        if r.held and not self._route_around_held:
-            fields = {
-                "lost": len(self.state.lost),
-                "limit": limit,
-                "hint": "more hosts lost at once than offline.max_fraction allows: more "
-                "likely the broker or the management network than the hosts; none more "
-                "is routed around",
-            }
-            out.append(Log("error", "route_around_held", fields))
-        self._route_around_held = r.held
-        return out, r.due_at
-
 
 def _shown(st: PortState) -> tuple[object, ...]:
     """What the dashboard shows of a port: a ``port`` change is emitted when this changes."""
     d = st.damping
     return (st.status, st.usable, st.reason, st.rate_gbps, d.suppressed, d.flaps, d.hold_down_s)
-
-
-def head(items: Iterable[str], n: int = 50) -> list[str]:
-    """The first ``n`` of ``items`` for a log line, then ``"... N more"``."""
-    out = list(items)
-    return out if len(out) <= n else [*out[:n], f"... {len(out) - n} more"]

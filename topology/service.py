@@ -43,8 +43,8 @@ import structlog
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage, BusSession, Will
-from linkguard.config import ConfigError, ServiceSettings
-from linkguard.ledger import Ledger, LedgerError
+from linkguard.config import ServiceSettings
+from linkguard.ledger import Ledger
 from linkguard.models import ProbeReport, ProbeTargets, encode
 from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Signer
@@ -64,10 +64,11 @@ from linkguard.topology.effects import (
     ScheduleSolve,
     StopDuplicate,
 )
-from linkguard.topology.fabric import Fabric, check_servable, generate_rail_optimized, load_fabric
+from linkguard.topology.fabric import Fabric
+from linkguard.topology.faultsio import FaultsIO
 from linkguard.topology.leader import FencedBus, LeadershipLostError, leadership_from_settings
 from linkguard.topology.localize import Verdict as ProbeVerdict
-from linkguard.topology.serviceio import ServiceIO
+from linkguard.topology.serviceio import ServiceIO, fabric_from_settings
 
 if TYPE_CHECKING:
     from linkguard.topology.api import ApiServer
@@ -75,26 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 
 log = structlog.get_logger(__name__)
-
-
-def fabric_from_settings(settings: ServiceSettings) -> Fabric:
-    """The fabric file, or the generator's fabric when ``generate`` is configured explicitly.
-
-    Raises :class:`ConfigError` when neither is given (a service must never publish plans for
-    a fabric nobody described) or the ``generate:`` parameters cannot be built (e.g.
-    ``spines_per_su: 0`` with more than one SU), and :class:`FabricError` for a bad file or
-    one that cannot give applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
-    if settings.fabric is not None:
-        return check_servable(load_fabric(settings.fabric), settings.fabric)
-    if settings.generate is None:
-        raise ConfigError(
-            "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
-            "section in the config"
-        )
-    try:
-        return generate_rail_optimized(**settings.generate.model_dump())
-    except ValueError as exc:  # a combination the generator cannot build
-        raise ConfigError(f"generate: {exc}") from None
 
 
 _T = TypeVar("_T")
@@ -114,7 +95,7 @@ class _Delegate(Generic[_T]):
         return self if obj is None else self._get(obj.core)
 
 
-class TopologyService(ServiceIO):
+class TopologyService(FaultsIO):
     """``await service.run()`` until cancelled or :meth:`stop`."""
 
     def __init__(
@@ -183,10 +164,10 @@ class TopologyService(ServiceIO):
     # the core's state under the names the service always had (other code and tests read them)
     state = _Delegate(lambda c: c.state)
     dropped = _Delegate(lambda c: c.dropped)
-    backoff = _Delegate(lambda c: c.backoff)
-    solves = _Delegate(lambda c: c.solves)
-    plans_published = _Delegate(lambda c: c.plans_published)
-    plans_per_host = _Delegate(lambda c: c.plans_per_host)
+    backoff = _Delegate(lambda c: c.schedule.backoff)
+    solves = _Delegate(lambda c: c.schedule.solves)
+    plans_published = _Delegate(lambda c: c.schedule.plans_published)
+    plans_per_host = _Delegate(lambda c: c.schedule.plans_per_host)
     inventories = _Delegate(lambda c: c.inventories)
     strangers = _Delegate(lambda c: c.strangers)
     stale_plans = _Delegate(lambda c: c.stale_plans)
@@ -274,31 +255,13 @@ class TopologyService(ServiceIO):
                 await asyncio.wait_for(self.leadership.resign(), 5)
             if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
                 self.ledger.close()
-            log.info("topology_stopped", solves=self.core.solves, plans=self.plans_published)
+            log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
         if (dup := self.core.duplicate) is not None:
             raise DuplicateInstanceError(
                 f"another topology service is connected to this broker (instance "
                 f"{dup.instance}, started {time.ctime(dup.started_at or 0)})"
                 "; run one service per fabric"
             )
-
-    def _open_ledger(self) -> Ledger | None:
-        """The ledger of ``settings.ledger`` with a service run started and subscribed to
-        :attr:`changes` (its writer thread commits; closed when :meth:`run` ends), or None
-        without a path. Raises :class:`ConfigError` for a file that cannot be a ledger."""
-        cfg = self.settings.ledger
-        if cfg.path is None:
-            return None
-        try:
-            ledger = Ledger(
-                cfg.path, retention_days=cfg.retention_days, incident_window_s=cfg.incident_window_s
-            )
-        except LedgerError as exc:
-            raise ConfigError(f"ledger: {exc}") from None
-        ledger.start_run(self.fabric, source="service")
-        self.changes.subscribe(ledger.consumer())
-        log.info("ledger_open", path=str(cfg.path), retention_days=cfg.retention_days)
-        return ledger
 
     def _bind_api(self) -> ApiServer | None:
         """The HTTP API's server with its socket bound, or None when ``api.enabled`` is false.
@@ -410,12 +373,12 @@ class TopologyService(ServiceIO):
             # clear before solving: a change that arrives during the solve (it runs in a
             # thread) leaves the kick set and schedules its own solve
             self._kick.clear()
-            if self.core.solve_started(time.monotonic()):
+            if self.core.schedule.solve_started(time.monotonic()):
                 await self._solve_and_publish()
                 if self._degraded_rails() != self._health_degraded:
                     await self._publish_health()  # why multipaths now avoid (or use) a rail
             await self._kick.wait()
-            due = self.core.backoff.due
+            due = self.core.schedule.backoff.due
             if due is not None and due > time.monotonic():
                 await asyncio.sleep(due - time.monotonic())
 
@@ -423,7 +386,7 @@ class TopologyService(ServiceIO):
         """Route around lost hosts when their grace period ends (the core decides which)."""
         while True:
             self._offline_kick.clear()
-            effects, due_at = self.core.route_around(time.monotonic())
+            effects, due_at = self.core.schedule.route_around(time.monotonic())
             self._execute_now(effects)
             timeout = None if due_at is None else max(0.0, due_at - time.monotonic())
             with contextlib.suppress(TimeoutError):

@@ -19,7 +19,6 @@ retained messages are put back (:meth:`ServiceIO._on_connect`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -28,34 +27,52 @@ from typing import TYPE_CHECKING
 import structlog
 
 from linkguard import __version__, topics
-from linkguard.bus import BusMessage, BusSession
-from linkguard.config import ServiceSettings
+from linkguard.bus import BusSession
+from linkguard.config import ConfigError, ServiceSettings
+from linkguard.ledger import Ledger, LedgerError
 from linkguard.models import (
-    BadMessage,
     FabricFaults,
     PeerRoutes,
     Plan,
     ServiceStatus,
-    decode,
     encode,
 )
 from linkguard.signing import Signer
 from linkguard.topology.audit import audit, format_json
 from linkguard.topology.changes import ChangeFeed
-from linkguard.topology.core import ServiceCore, head
+from linkguard.topology.core import ServiceCore
 from linkguard.topology.effects import Effect, PublishPlans
-from linkguard.topology.fabric import Fabric
-from linkguard.topology.health import Health
+from linkguard.topology.fabric import Fabric, check_servable, generate_rail_optimized, load_fabric
 
 if TYPE_CHECKING:
     from linkguard.topology.leader import Leadership
 
-__all__ = ["PUBLISH_WINDOW", "ServiceIO"]
+__all__ = ["PUBLISH_WINDOW", "ServiceIO", "fabric_from_settings"]
 
 log = structlog.get_logger(__name__)
 
 #: Plans published concurrently (QoS 1 acknowledgements awaited together).
 PUBLISH_WINDOW = 256
+
+
+def fabric_from_settings(settings: ServiceSettings) -> Fabric:
+    """The fabric file, or the generator's fabric when ``generate`` is configured explicitly.
+
+    Raises :class:`ConfigError` when neither is given (a service must never publish plans for
+    a fabric nobody described) or the ``generate:`` parameters cannot be built (e.g.
+    ``spines_per_su: 0`` with more than one SU), and :class:`FabricError` for a bad file or
+    one that cannot give applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
+    if settings.fabric is not None:
+        return check_servable(load_fabric(settings.fabric), settings.fabric)
+    if settings.generate is None:
+        raise ConfigError(
+            "no fabric: give --fabric FILE (see `linkguard fabric generate`) or a generate: "
+            "section in the config"
+        )
+    try:
+        return generate_rail_optimized(**settings.generate.model_dump())
+    except ValueError as exc:  # a combination the generator cannot build
+        raise ConfigError(f"generate: {exc}") from None
 
 
 class ServiceIO:
@@ -72,6 +89,7 @@ class ServiceIO:
     _resend_kick: asyncio.Event
     _won: asyncio.Event
     _started: float
+    ledger: Ledger | None
 
     def __init__(self) -> None:
         #: plans and peer routes the broker did not take, by topic (see _publish_retained)
@@ -139,7 +157,7 @@ class ServiceIO:
         # hosts x 8 rails): run it, and the encoding, off the event loop so the bus keeps
         # serving; changes arriving meanwhile trigger another solve.
         fresh = await asyncio.to_thread(self.core.state.compute, unusable, now=time.time())
-        solved, publish = self.core.commit(fresh)
+        solved, publish = self.core.schedule.commit(fresh)
         t1 = time.monotonic()
         payloads = await asyncio.to_thread(self._sealed, publish.messages)
         self.core.sent(payloads, time.monotonic())
@@ -149,7 +167,7 @@ class ServiceIO:
         ms = (round((t1 - t0) * 1000, 2), round((t2 - t1) * 1000, 2), round((t3 - t2) * 1000, 2))
         size = sum(len(d) for _, d in payloads)
         await self._execute(
-            self.core.published(
+            self.core.schedule.published(
                 solved, unusable, now=t3, messages=len(payloads), size=size, timings_ms=ms
             )
         )
@@ -349,121 +367,20 @@ class ServiceIO:
         if settle > 0:
             await asyncio.sleep(settle)
 
-    # -- switch-level faults ---------------------------------------------------------------
-
-    async def _on_fabric_faults(self, msg: BusMessage) -> None:
-        """A new complete set of switch-level faults: assess it (worker thread), then put it in
-        effect (:meth:`_accept`) and publish ``service/health``. A set equal to the one in
-        effect changes nothing (this service's own re-publish coming back). A malformed set,
-        or one naming a switch or cable the fabric does not have, is refused whole
-        (:meth:`_refuse`): the previous faults stay in effect."""
+    def _open_ledger(self) -> Ledger | None:
+        """The ledger of ``settings.ledger`` with a service run started and subscribed to
+        :attr:`changes` (its writer thread commits; closed when :meth:`run` ends), or None
+        without a path. Raises :class:`ConfigError` for a file that cannot be a ledger."""
+        cfg = self.settings.ledger
+        if cfg.path is None:
+            return None
         try:
-            faults = decode(
-                FabricFaults,
-                msg.payload,
-                topic=msg.topic,
-                max_bytes=self.settings.bus.max_message_bytes,
+            ledger = Ledger(
+                cfg.path, retention_days=cfg.retention_days, incident_window_s=cfg.incident_window_s
             )
-        except BadMessage as exc:
-            await self._refuse(msg, exc.reason, exc.detail)
-            return
-        if faults == self.faults:
-            return
-        try:
-            health = await asyncio.to_thread(self.core.state.assess_faults, faults)
-        except ValueError as exc:  # a switch or cable the fabric does not have
-            await self._refuse(msg, "invalid", str(exc))
-            return
-        self._accept(faults, health)
-        self.refused = None
-        await self._publish_health()
-
-    def _accept(self, faults: FabricFaults, health: Health) -> None:
-        """Put ``faults`` (assessed as ``health``) in effect; wake the solver when that
-        changes which rails are usable."""
-        self.core.state.on_health(health)
-        self.faults = faults
-        self.health_at = time.time()
-        log.info(
-            "fabric_faults",
-            switches_down=head(faults.switches_down),
-            cables_down=head(
-                f"{c.a}-{c.b}" + ("" if c.count is None else f" x{c.count}")
-                for c in faults.cables_down
-            ),
-            reason=faults.reason,
-            **health.summary(),
-        )
-        if self.core.state.dirty:
-            self._changed()
-
-    async def _assess_inherited(self) -> tuple[FabricFaults, Health] | None:
-        """The faults of the previous instance's ``service/health`` (taken once) and their
-        health; None when there are none or the fabric changed since."""
-        inherited, self.core.inherited_faults = self.core.inherited_faults, None
-        if inherited is None:
-            return None
-        try:
-            health = await asyncio.to_thread(self.core.state.assess_faults, inherited)
-        except ValueError as exc:  # the fabric changed since that instance accepted it
-            log.warning("inherited_fabric_faults_refused", detail=str(exc)[:300])
-            return None
-        return inherited, health
-
-    async def _refuse(self, msg: BusMessage, reason: str, detail: str) -> None:
-        """Refuse a ``fabric/faults`` message (dropped, counted, logged); the faults in effect
-        stay. Being retained, the refused message replaced the accepted set on the broker: the
-        set in effect is published back, retained. Before this instance accepted any, the set
-        a previous instance had accepted is put in effect and published instead. With
-        neither, nothing is published (an empty set would claim that nothing is down).
-        ``service/health`` then carries ``refused``."""
-        await self._execute(self.core.drop(msg.topic, len(msg.payload), reason, detail))
-        refused = {
-            "reason": reason,
-            "detail": detail[:1000],
-            "at": time.time(),
-            "faults": _payload_json(msg.payload, whole=reason != "oversized"),
-        }
-        if self.faults is None and (inherited := await self._assess_inherited()) is not None:
-            self._accept(*inherited)
-        if self.faults is not None:
-            await self.bus.publish(topics.fabric_faults(), encode(self.faults), retain=True)
-        log.warning(
-            "fabric_faults_refused",
-            reason=reason,
-            action="put the set in effect back on the topic"
-            if self.faults is not None
-            else "none accepted yet: running without switch-level faults",
-        )
-        self.refused = refused
-        await self._publish_health()
-
-    async def _adopt_inherited_faults(self) -> None:
-        """After the startup settle: no set arrived on ``fabric/faults`` (the broker lost it)
-        but the previous instance's health names the set it had accepted. Put that set in
-        effect and publish it back (retained), rather than plan on nominal health."""
-        if self.faults is not None:
-            return
-        assessed = await self._assess_inherited()
-        if assessed is None:
-            return
-        inherited, health = assessed
-        log.warning(
-            "fabric_faults_inherited",
-            reason="no retained fabric/faults after the startup settle; using the set the "
-            "previous instance had accepted (service/health)",
-            switches_down=head(inherited.switches_down),
-            cables_down=len(inherited.cables_down),
-        )
-        self._accept(inherited, health)
-        await self.bus.publish(topics.fabric_faults(), encode(inherited), retain=True)
-        await self._publish_health()
-
-
-def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:
-    """A refused payload as ``service/health`` shows it: its JSON when it parses (and
-    ``whole``), else its first ``limit`` bytes as text."""
-    if whole:
-        with contextlib.suppress(ValueError, RecursionError):
-            return json.loads(payload)
-    return payload[:limit].decode(errors="replace")
+        except LedgerError as exc:
+            raise ConfigError(f"ledger: {exc}") from None
+        ledger.start_run(self.fabric, source="service")
+        self.changes.subscribe(ledger.consumer())
+        log.info("ledger_open", path=str(cfg.path), retention_days=cfg.retention_days)
+        return ledger

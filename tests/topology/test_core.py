@@ -25,7 +25,7 @@ from linkguard.models import (
 from linkguard.presence import Me
 from linkguard.signing import Signer
 from linkguard.topology import core as core_module
-from linkguard.topology import effects, integrity, probedesk
+from linkguard.topology import effects, integrity, probedesk, schedule
 from linkguard.topology.core import ServiceCore
 from linkguard.topology.effects import (
     ClearRetained,
@@ -87,9 +87,9 @@ def _send(core: ServiceCore, st: PortState, now: float) -> list[effects.Effect]:
 
 def _solve(core: ServiceCore, now: float) -> tuple[object, PublishPlans]:
     """What the wiring's solver task does at ``now`` (the compute in-line, not in a thread)."""
-    assert core.solve_started(now)
+    assert core.schedule.solve_started(now)
     unusable = core.state.prepare()
-    return core.commit(core.state.compute(unusable, now=WALL))
+    return core.schedule.commit(core.state.compute(unusable, now=WALL))
 
 
 def test_a_port_down_schedules_an_urgent_solve() -> None:
@@ -125,7 +125,7 @@ def test_a_port_back_up_is_not_urgent() -> None:
     core = _core()
     up = _port("gpu000", 0, PortStatus.DOWN)
     _send(core, up, now=0.0)
-    assert core.solve_started(0.01)
+    assert core.schedule.solve_started(0.01)
     back = _port("gpu000", 0, PortStatus.UP)
     # quiet again after holddown (3 s): a return to use waits short_ms, not initial_ms
     assert [e for e in _send(core, back, now=5.0) if isinstance(e, ScheduleSolve)] == [
@@ -143,14 +143,14 @@ def test_back_off_timing() -> None:
         return sched.at
 
     assert due(0.0) == pytest.approx(0.010)  # QUIET -> initial
-    core.solve_started(0.010)
+    core.schedule.solve_started(0.010)
     assert due(0.2) == pytest.approx(0.3)  # SHORT_WAIT (within time_to_learn 0.5 s): short
-    core.solve_started(0.3)
+    core.schedule.solve_started(0.3)
     assert due(0.6) == pytest.approx(1.6)  # past time_to_learn: LONG_WAIT, long
     assert due(0.9) == pytest.approx(1.6)  # pending: not postponed
-    core.solve_started(1.6)
+    core.schedule.solve_started(1.6)
     assert due(4.7) == pytest.approx(4.71)  # holddown (3 s after the last change): quiet
-    assert core.backoff.state.value == "short_wait"
+    assert core.schedule.backoff.state.value == "short_wait"
 
 
 def test_a_solve_publishes_plans_with_the_right_epochs() -> None:
@@ -161,7 +161,7 @@ def test_a_solve_publishes_plans_with_the_right_epochs() -> None:
     assert [(t, m.epoch) for t, m in publish.messages] == [
         (topics.plan(h), 1000) for h in ("gpu000", "gpu001", "gpu002")
     ]
-    assert publish.why == "solve" and core.solves == 1
+    assert publish.why == "solve" and core.schedule.solves == 1
     _send(core, _port("gpu000", 0, PortStatus.DOWN), now=2.0)
     solved, publish = _solve(core, now=2.01)
     # full plans first, then peer routes, then compact plans; the peer routes one epoch
@@ -173,7 +173,7 @@ def test_a_solve_publishes_plans_with_the_right_epochs() -> None:
     assert solved.epoch == 1002 and core.state.epoch == 1002  # type: ignore[attr-defined]
     plan = publish.messages[0][1]
     assert isinstance(plan, Plan) and plan.shared is None  # a host with a rail down: full
-    assert core.published(
+    assert core.schedule.published(
         solved,  # type: ignore[arg-type]
         {"gpu000": frozenset({0})},
         now=2.05,
@@ -208,9 +208,9 @@ def test_a_solve_publishes_plans_with_the_right_epochs() -> None:
             },
         ),
     ]
-    assert core.plans_published == 3
+    assert core.schedule.plans_published == 3
     # nothing changed: no solve is needed
-    assert not core.solve_started(3.0)
+    assert not core.schedule.solve_started(3.0)
 
 
 def test_a_forged_retained_plan_is_refused_with_a_typed_reason() -> None:
@@ -393,7 +393,7 @@ def test_probe_reports_take_only_assigned_pairs_of_targets_online() -> None:
     assert core.dropped["stale_probe_epoch"] == 2
 
 
-@pytest.mark.parametrize("module", [core_module, effects, integrity, probedesk])
+@pytest.mark.parametrize("module", [core_module, effects, integrity, probedesk, schedule])
 def test_the_core_imports_no_bus_asyncio_or_clock(module: object) -> None:
     """What the import-linter contract cannot say (the standard library): no asyncio, no
     time, no threads or sockets in the core's own modules."""
