@@ -37,7 +37,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar, overload
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -76,23 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["TopologyService", "fabric_from_settings", "run_service"]
 
 log = structlog.get_logger(__name__)
-
-
-_T = TypeVar("_T")
-
-
-class _Delegate(Generic[_T]):
-    """A read-only attribute of :class:`TopologyService` that is its core's (``get(core)``)."""
-
-    def __init__(self, get: Callable[[ServiceCore], _T]) -> None:
-        self._get = get
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _Delegate[_T]: ...
-    @overload
-    def __get__(self, obj: ServiceIO, owner: type | None = None) -> _T: ...
-    def __get__(self, obj: ServiceIO | None, owner: type | None = None) -> _Delegate[_T] | _T:
-        return self if obj is None else self._get(obj.core)
 
 
 class TopologyService(FaultsIO):
@@ -160,36 +143,6 @@ class TopologyService(FaultsIO):
         )
         if self.leadership.elected:  # every publish behind the leadership fence
             self.bus = FencedBus(self.bus, self.leadership)
-
-    # the core's state under the names the service always had (other code and tests read them)
-    state = _Delegate(lambda c: c.state)
-    dropped = _Delegate(lambda c: c.dropped)
-    backoff = _Delegate(lambda c: c.schedule.backoff)
-    solves = _Delegate(lambda c: c.schedule.solves)
-    plans_published = _Delegate(lambda c: c.schedule.plans_published)
-    plans_per_host = _Delegate(lambda c: c.schedule.plans_per_host)
-    inventories = _Delegate(lambda c: c.inventories)
-    strangers = _Delegate(lambda c: c.strangers)
-    stale_plans = _Delegate(lambda c: c.stale_plans)
-    stale_peers = _Delegate(lambda c: c.stale_peers)
-    duplicate = _Delegate(lambda c: c.duplicate)
-    probe_plan = _Delegate(lambda c: c.probes.plan)
-    probe_plans = _Delegate(lambda c: c.probes.plans)
-    probe_results = _Delegate(lambda c: c.probes.results)
-    probe_reports = _Delegate(lambda c: c.probes.reports)
-    probe_pairs_unanswerable = _Delegate(lambda c: c.probes.pairs_unanswerable)
-    probe_inconclusive = _Delegate(lambda c: c.probes.inconclusive)
-    localizer = _Delegate(lambda c: c.probes.localizer)
-
-    @property
-    def online_since(self) -> dict[str, float]:
-        """Per host, since when (monotonic s) its agent has been online (the core's)."""
-        return self.core.online_since
-
-    @online_since.setter
-    def online_since(self, value: dict[str, float]) -> None:
-        self.core.online_since.clear()
-        self.core.online_since.update(value)
 
     @property
     def term(self) -> int | None:
@@ -313,8 +266,9 @@ class TopologyService(FaultsIO):
         for e in effects:
             if isinstance(e, PublishPlans):
                 await self._publish_plans(e)
-            elif isinstance(e, ClearRetained):
-                await self._publish_retained([(t, b"") for t in e.topics])
+            elif isinstance(e, ClearRetained):  # once: the next foreign message asks again
+                for topic in e.topics:
+                    await self.bus.publish(topic, b"", retain=True)
             elif isinstance(e, ClearStalePlans):
                 await self._clear_stale_plans()
             elif isinstance(e, AnnounceOnline):

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 import structlog
 
@@ -75,6 +75,23 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
         raise ConfigError(f"generate: {exc}") from None
 
 
+_T = TypeVar("_T")
+
+
+class _Delegate(Generic[_T]):
+    """A read-only attribute of :class:`TopologyService` that is its core's (``get(core)``)."""
+
+    def __init__(self, get: Callable[[ServiceCore], _T]) -> None:
+        self._get = get
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Delegate[_T]: ...
+    @overload
+    def __get__(self, obj: ServiceIO, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: ServiceIO | None, owner: type | None = None) -> _Delegate[_T] | _T:
+        return self if obj is None else self._get(obj.core)
+
+
 class ServiceIO:
     """The executors of :class:`~linkguard.topology.service.TopologyService` (its base)."""
 
@@ -90,6 +107,36 @@ class ServiceIO:
     _won: asyncio.Event
     _started: float
     ledger: Ledger | None
+
+    # the core's state under the names the service always had (other code and tests read them)
+    state = _Delegate(lambda c: c.state)
+    dropped = _Delegate(lambda c: c.dropped)
+    backoff = _Delegate(lambda c: c.schedule.backoff)
+    solves = _Delegate(lambda c: c.schedule.solves)
+    plans_published = _Delegate(lambda c: c.schedule.plans_published)
+    plans_per_host = _Delegate(lambda c: c.schedule.plans_per_host)
+    inventories = _Delegate(lambda c: c.inventories)
+    strangers = _Delegate(lambda c: c.strangers)
+    stale_plans = _Delegate(lambda c: c.stale_plans)
+    stale_peers = _Delegate(lambda c: c.stale_peers)
+    duplicate = _Delegate(lambda c: c.duplicate)
+    probe_plan = _Delegate(lambda c: c.probes.plan)
+    probe_plans = _Delegate(lambda c: c.probes.plans)
+    probe_results = _Delegate(lambda c: c.probes.results)
+    probe_reports = _Delegate(lambda c: c.probes.reports)
+    probe_pairs_unanswerable = _Delegate(lambda c: c.probes.pairs_unanswerable)
+    probe_inconclusive = _Delegate(lambda c: c.probes.inconclusive)
+    localizer = _Delegate(lambda c: c.probes.localizer)
+
+    @property
+    def online_since(self) -> dict[str, float]:
+        """Per host, since when (monotonic s) its agent has been online (the core's)."""
+        return self.core.online_since
+
+    @online_since.setter
+    def online_since(self, value: dict[str, float]) -> None:
+        self.core.online_since.clear()
+        self.core.online_since.update(value)
 
     def __init__(self) -> None:
         #: plans and peer routes the broker did not take, by topic (see _publish_retained)
