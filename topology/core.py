@@ -62,6 +62,7 @@ from linkguard.topology.effects import (
     StopDuplicate,
 )
 from linkguard.topology.fabric import Fabric
+from linkguard.topology.faultsdesk import FaultsDesk
 from linkguard.topology.integrity import Integrity, Refused
 from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
@@ -111,6 +112,10 @@ class ServiceCore:
         self.integrity = Integrity(verifier)
         #: when to solve, what a publish owes, whom to route around
         self.schedule = SolveSchedule(settings, fabric, self.state)
+        #: the switch-level faults in effect (``fabric/faults``)
+        self.switch_faults = FaultsDesk(
+            self.state, max_bytes=settings.bus.max_message_bytes, changed=self.changed
+        )
         #: per host, since when (s) its agent has been online: a probe target's responder
         #: runs in its agent (see :meth:`ProbeDesk.on_report`)
         self.online_since: dict[str, float] = {}

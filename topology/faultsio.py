@@ -12,16 +12,15 @@ module (:mod:`linkguard.topology.service`): it creates no task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
 
 import structlog
 
 from linkguard import topics
 from linkguard.bus import BusMessage
-from linkguard.models import BadMessage, FabricFaults, decode, encode
+from linkguard.models import FabricFaults, encode
 from linkguard.topology.health import Health
+from linkguard.topology.integrity import Refused
 from linkguard.topology.schedule import head
 from linkguard.topology.serviceio import ServiceIO
 
@@ -35,21 +34,16 @@ class FaultsIO(ServiceIO):
 
     async def _on_fabric_faults(self, msg: BusMessage) -> None:
         """A new complete set of switch-level faults: assess it (worker thread), then put it in
-        effect (:meth:`_accept`) and publish ``service/health``. A set equal to the one in
-        effect changes nothing (this service's own re-publish coming back). A malformed set,
-        or one naming a switch or cable the fabric does not have, is refused whole
+        effect (:meth:`FaultsDesk.accept`) and publish ``service/health``. A set equal to the
+        one in effect changes nothing (this service's own re-publish coming back). A malformed
+        set, or one naming a switch or cable the fabric does not have, is refused whole
         (:meth:`_refuse`): the previous faults stay in effect."""
-        try:
-            faults = decode(
-                FabricFaults,
-                msg.payload,
-                topic=msg.topic,
-                max_bytes=self.settings.bus.max_message_bytes,
-            )
-        except BadMessage as exc:
-            await self._refuse(msg, exc.reason, exc.detail)
+        desk = self.core.switch_faults
+        faults = desk.read(msg.topic, msg.payload)
+        if isinstance(faults, Refused):
+            await self._refuse(msg, faults.reason, faults.detail)
             return
-        if faults == self.faults:
+        if faults is None:
             return
         try:
             health = await asyncio.to_thread(self.core.state.assess_faults, faults)
@@ -57,27 +51,14 @@ class FaultsIO(ServiceIO):
             await self._refuse(msg, "invalid", str(exc))
             return
         self._accept(faults, health)
-        self.refused = None
+        desk.refused = None
         await self._publish_health()
 
     def _accept(self, faults: FabricFaults, health: Health) -> None:
-        """Put ``faults`` (assessed as ``health``) in effect; wake the solver when that
-        changes which rails are usable."""
-        self.core.state.on_health(health)
-        self.faults = faults
-        self.health_at = time.time()
-        log.info(
-            "fabric_faults",
-            switches_down=head(faults.switches_down),
-            cables_down=head(
-                f"{c.a}-{c.b}" + ("" if c.count is None else f" x{c.count}")
-                for c in faults.cables_down
-            ),
-            reason=faults.reason,
-            **health.summary(),
-        )
-        if self.core.state.dirty:
-            self._changed()
+        """Put ``faults`` (assessed as ``health``) in effect (a solve when usable rails
+        change)."""
+        desk = self.core.switch_faults
+        self._execute_now(desk.accept(faults, health, time.monotonic(), time.time()))
 
     async def _assess_inherited(self) -> tuple[FabricFaults, Health] | None:
         """The faults of the previous instance's ``service/health`` (taken once) and their
@@ -99,32 +80,22 @@ class FaultsIO(ServiceIO):
         a previous instance had accepted is put in effect and published instead. With
         neither, nothing is published (an empty set would claim that nothing is down).
         ``service/health`` then carries ``refused``."""
+        desk = self.core.switch_faults
         await self._execute(self.core.drop(msg.topic, len(msg.payload), reason, detail))
-        refused = {
-            "reason": reason,
-            "detail": detail[:1000],
-            "at": time.time(),
-            "faults": _payload_json(msg.payload, whole=reason != "oversized"),
-        }
-        if self.faults is None and (inherited := await self._assess_inherited()) is not None:
+        refused = desk.refusal(msg.payload, reason, detail, time.time())
+        if desk.faults is None and (inherited := await self._assess_inherited()) is not None:
             self._accept(*inherited)
-        if self.faults is not None:
-            await self.bus.publish(topics.fabric_faults(), encode(self.faults), retain=True)
-        log.warning(
-            "fabric_faults_refused",
-            reason=reason,
-            action="put the set in effect back on the topic"
-            if self.faults is not None
-            else "none accepted yet: running without switch-level faults",
-        )
-        self.refused = refused
+        if desk.faults is not None:
+            await self.bus.publish(topics.fabric_faults(), encode(desk.faults), retain=True)
+        self._execute_now([desk.refused_log(reason)])
+        desk.refused = refused
         await self._publish_health()
 
     async def _adopt_inherited_faults(self) -> None:
         """After the startup settle: no set arrived on ``fabric/faults`` (the broker lost it)
         but the previous instance's health names the set it had accepted. Put that set in
         effect and publish it back (retained), rather than plan on nominal health."""
-        if self.faults is not None:
+        if self.core.switch_faults.faults is not None:
             return
         assessed = await self._assess_inherited()
         if assessed is None:
@@ -140,12 +111,3 @@ class FaultsIO(ServiceIO):
         self._accept(inherited, health)
         await self.bus.publish(topics.fabric_faults(), encode(inherited), retain=True)
         await self._publish_health()
-
-
-def _payload_json(payload: bytes, *, whole: bool, limit: int = 2000) -> object:
-    """A refused payload as ``service/health`` shows it: its JSON when it parses (and
-    ``whole``), else its first ``limit`` bytes as text."""
-    if whole:
-        with contextlib.suppress(ValueError, RecursionError):
-            return json.loads(payload)
-    return payload[:limit].decode(errors="replace")

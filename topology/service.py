@@ -308,10 +308,6 @@ class TopologyService(FaultsIO):
             self.core.integrity.reissue_done(e.topic)
             self._reissuing.pop(e.topic, None)
 
-    def _changed(self, *, urgent: bool = True) -> None:
-        """A change that needs a solve (fabric faults): schedule it and wake the solver."""
-        self._execute_now(self.core.changed(time.monotonic(), urgent=urgent))
-
     # -- tasks -----------------------------------------------------------------------------
 
     async def _solver(self) -> None:

@@ -127,6 +127,9 @@ class ServiceIO:
     probe_pairs_unanswerable = _Delegate(lambda c: c.probes.pairs_unanswerable)
     probe_inconclusive = _Delegate(lambda c: c.probes.inconclusive)
     localizer = _Delegate(lambda c: c.probes.localizer)
+    faults = _Delegate(lambda c: c.switch_faults.faults)
+    health_at = _Delegate(lambda c: c.switch_faults.health_at)
+    refused = _Delegate(lambda c: c.switch_faults.refused)
 
     @property
     def online_since(self) -> dict[str, float]:
@@ -141,14 +144,8 @@ class ServiceIO:
     def __init__(self) -> None:
         #: plans and peer routes the broker did not take, by topic (see _publish_retained)
         self.unsent: dict[str, bytes] = {}
-        #: the last accepted switch-level faults and when their health was assessed (Unix s)
-        self.faults: FabricFaults | None = None
-        self.health_at: float | None = None
         #: the last ``service/health`` document published (None before the first)
         self.health_doc: dict[str, object] | None = None
-        #: ``service/health``'s ``refused``: the last ``fabric/faults`` message refused, None
-        #: once a set is accepted
-        self.refused: dict[str, object] | None = None
         self._health_degraded: list[int] = []  # degraded_rails as last published
         self.audit_json: str | None = None
         #: the probe targets of the current epoch as published (put back on a reconnect: an
@@ -158,7 +155,7 @@ class ServiceIO:
     async def _execute(self, effects: list[Effect]) -> None:
         raise NotImplementedError  # the wiring's
 
-    def _changed(self, *, urgent: bool = True) -> None:
+    def _execute_now(self, effects: list[Effect]) -> None:
         raise NotImplementedError  # the wiring's
 
     def _status(self, *, online: bool) -> ServiceStatus:
@@ -297,7 +294,7 @@ class ServiceIO:
         if state.health is None:  # the nominal health, until faults arrive
             nominal = FabricFaults(at=time.time())
             state.on_health(await asyncio.to_thread(state.assess_faults, nominal))
-            self.health_at = time.time()
+            self.core.switch_faults.health_at = time.time()
         await self._publish_health()
 
     def _degraded_rails(self) -> list[int]:

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from linkguard import topics
 from linkguard.config import ProbeRunSettings, ServiceSettings
 from linkguard.models import (
+    FabricFaults,
     HostStatus,
     PeerRoutes,
     Plan,
@@ -25,7 +26,7 @@ from linkguard.models import (
 from linkguard.presence import Me
 from linkguard.signing import Signer
 from linkguard.topology import core as core_module
-from linkguard.topology import effects, integrity, probedesk, schedule
+from linkguard.topology import effects, faultsdesk, integrity, probedesk, schedule
 from linkguard.topology.core import ServiceCore
 from linkguard.topology.effects import (
     ClearRetained,
@@ -393,7 +394,38 @@ def test_probe_reports_take_only_assigned_pairs_of_targets_online() -> None:
     assert core.dropped["stale_probe_epoch"] == 2
 
 
-@pytest.mark.parametrize("module", [core_module, effects, integrity, probedesk, schedule])
+def test_switch_faults_in_effect_refused_and_unchanged() -> None:
+    core = _core()
+    desk = core.switch_faults
+    leaf = next(sw.name for sw in FABRIC.switches if sw.role == "leaf" and sw.rail == 0)
+    faults = FabricFaults(switches_down=[leaf], at=WALL)
+    topic = topics.fabric_faults()
+    assert desk.read(topic, encode(faults)) == faults
+    out = desk.accept(faults, core.state.assess_faults(faults), now=5.0, wall=WALL)
+    assert [type(e) for e in out] == [Log, ScheduleSolve, Log]  # rail 0 unusable: a solve
+    assert out[1] == ScheduleSolve(at=5.010)
+    assert (out[0].event, desk.faults, desk.health_at) == ("fabric_faults", faults, WALL)  # type: ignore[union-attr]
+    # the same set again (the service's own re-publish): nothing to do
+    assert desk.read(topic, encode(faults)) is None
+    # a malformed set: refused with its typed reason, the set in effect stays
+    refused = desk.read(topic, b"{not json")
+    assert isinstance(refused, integrity.Refused) and refused.reason == "not_json"
+    assert desk.refusal(b"{not json", refused.reason, "x", wall=WALL) == {
+        "reason": "not_json",
+        "detail": "x",
+        "at": WALL,
+        "faults": "{not json",
+    }
+    assert desk.refused_log("not_json") == Log(
+        "warning",
+        "fabric_faults_refused",
+        {"reason": "not_json", "action": "put the set in effect back on the topic"},
+    )
+
+
+@pytest.mark.parametrize(
+    "module", [core_module, effects, faultsdesk, integrity, probedesk, schedule]
+)
 def test_the_core_imports_no_bus_asyncio_or_clock(module: object) -> None:
     """What the import-linter contract cannot say (the standard library): no asyncio, no
     time, no threads or sockets in the core's own modules."""
