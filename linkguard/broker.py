@@ -27,7 +27,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _broker_class() -> type:
-    from amqtt.broker import Broker
+    from amqtt.broker import Broker  # lazy: only the embedded broker needs amqtt
 
     class LoopbackBroker(Broker):
         """amqtt's broker with one fix: on connect, amqtt 0.11/0.12 sends a client the retained
@@ -47,7 +47,7 @@ def _broker_class() -> type:
 async def embedded_broker(*, host: str = "127.0.0.1", port: int = 1883) -> AsyncIterator[int]:
     """Run an amqtt broker for the lifetime of the context; yields the port it listens on
     (``port=0`` picks a free one)."""
-    from amqtt.errors import BrokerError
+    from amqtt.errors import BrokerError  # lazy: only the embedded broker needs amqtt
 
     # amqtt logs every connection at INFO and queued messages at shutdown at WARNING: neither
     # is news to the operator of a single-machine trial.

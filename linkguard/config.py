@@ -44,6 +44,7 @@ from linkguard.models import (
     SpinesPerSU,
     port_rate_problem,
 )
+from linkguard.topics import valid_segment
 
 if TYPE_CHECKING:
     from linkguard.bus import TlsConfig
@@ -102,7 +103,7 @@ class BusSettings(_Section):
     must name the host written here.
     """
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the MQTT broker (with port; see brokers)")
     port: int = Field(1883, ge=1, le=65535, description="8883 for the TLS listener of deploy/")
     brokers: list[str] = Field(
         default_factory=list,
@@ -137,8 +138,10 @@ class BusSettings(_Section):
         description="MQTT keepalive (s); the broker "
         "publishes the last will after 1.5x this without traffic",
     )
-    reconnect_min_s: float = Field(0.2, gt=0)
-    reconnect_max_s: float = Field(10.0, gt=0)
+    reconnect_min_s: float = Field(0.2, gt=0, description="first wait before a reconnect (s)")
+    reconnect_max_s: float = Field(
+        10.0, gt=0, description="the wait doubles per failed reconnect up to this (s)"
+    )
     subscribe_qos: int = Field(
         1,
         ge=0,
@@ -151,7 +154,9 @@ class BusSettings(_Section):
         "clean sessions either way loses only what was in flight on a dropped connection, "
         "which the retained state and re-publish on reconnect cover",
     )
-    max_message_bytes: int = Field(MAX_MESSAGE_BYTES, ge=1024)
+    max_message_bytes: int = Field(
+        MAX_MESSAGE_BYTES, ge=1024, description="a bus message above this is refused unread"
+    )
 
     @field_validator("brokers", mode="before")
     @classmethod
@@ -303,13 +308,17 @@ def _readable(setting: str, path: Path) -> None:
 class PortConfig(_Section):
     """One compute HCA port of this host and the rail it serves."""
 
-    hca: str = Field(min_length=1, max_length=64)
-    port: int = Field(1, ge=1, le=255)
+    hca: str = Field(min_length=1, max_length=64, description="HCA name in sysfs, e.g. mlx5_0")
+    port: int = Field(1, ge=1, le=255, description="HCA port number (sysfs ports/N)")
     rail: int | None = Field(None, ge=0, le=63, description="None: by PCI address order")
-    netdev: str | None = Field(None, max_length=15)
-    address: ipaddress.IPv4Address | None = None
-    link_layer: LinkLayer | None = None
-    numa_node: int | None = None
+    netdev: str | None = Field(
+        None, max_length=15, description="the port's netdev; None: from sysfs (device/net)"
+    )
+    address: ipaddress.IPv4Address | None = Field(
+        None, description="the port's rail address, reported in the inventory"
+    )
+    link_layer: LinkLayer | None = Field(None, description="None: from sysfs link_layer")
+    numa_node: int | None = Field(None, description="None: from sysfs device/numa_node")
     expected_rate_gbps: float | None = Field(
         None,
         gt=0,
@@ -383,15 +392,23 @@ class HookSettings(_Section):
     first failure, doubling up to ``backoff_max_s``; a newer change replaces a pending retry.
     ``env``: added to the agent's environment for the command."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    argv: list[str] = Field(min_length=1, max_length=256)
-    when: list[HookTrigger] = Field(default_factory=_on_every_change, min_length=1)
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="the hook's name in logs"
+    )
+    argv: list[str] = Field(
+        min_length=1, max_length=256, description="the command, run without a shell"
+    )
+    when: list[HookTrigger] = Field(
+        default_factory=_on_every_change, min_length=1, description="the changes that run it"
+    )
     lost_above: int = Field(0, ge=0, le=63, description="N of when: lost_above (rails)")
     timeout_s: float = Field(10.0, gt=0, le=3600, description="then the process group is killed")
     retries: int = Field(3, ge=0, le=20, description="attempts after the first failed one")
     backoff_s: float = Field(1.0, gt=0, le=3600, description="wait before the first retry (s)")
     backoff_max_s: float = Field(60.0, gt=0, le=86_400, description="longest wait (s)")
-    env: dict[str, str] = Field(default_factory=dict, max_length=64)
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="added to its environment"
+    )
 
     @field_validator("when", mode="before")
     @classmethod
@@ -430,10 +447,17 @@ class GeneratorSettings(_Section):
     of :func:`~linkguard.topology.generator.generate_rail_optimized`, with its defaults, as
     ``linkguard fabric generate`` and a scenario's ``generate:`` take them."""
 
-    hosts: int = Field(32, ge=1, le=16384)
-    rails: int = Field(8, ge=1, le=16)
-    gpus_per_host: int | None = Field(None, ge=1, le=64)
-    hosts_per_su: int = Field(32, ge=1, le=1024)
+    hosts: int = Field(32, ge=1, le=16384, description="GPU hosts in the fabric")
+    rails: int = Field(8, ge=1, le=16, description="rails (HCA ports) per host")
+    gpus_per_host: int | None = Field(
+        None, ge=1, le=64, description="GPU endpoints per host; None: one per rail"
+    )
+    hosts_per_su: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="node slots per SU (one leaf per rail), management slots included",
+    )
     management_hosts_per_su: ManagementHostsPerSU = 0
     spines_per_su: SpinesPerSU = 4
     core: CoreTier = None
@@ -780,9 +804,13 @@ class LedgerSettings(_Section):
 
 
 class _Base(BaseSettings, SettingsModel):
-    log_format: Literal["json", "console"] = "json"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    bus: BusSettings = BusSettings()
+    log_format: Literal["json", "console"] = Field(
+        "json", description="structlog output: one JSON object per line, or for a terminal"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the least severe log event written"
+    )
+    bus: BusSettings = Field(BusSettings(), description="the MQTT bus (broker, TLS, QoS)")
 
     @classmethod
     def settings_customise_sources(
@@ -831,10 +859,19 @@ class AgentSettings(_Base):
         env_prefix="LINKGUARD_", env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
     )
 
-    host: str = Field(default_factory=socket.gethostname, min_length=1, max_length=253)
-    driver: Literal["sysfs", "netlink", "simulated"] = "sysfs"
-    sysfs_root: Path = Path("/sys/class/infiniband")
-    poll_interval_ms: float = Field(100.0, ge=5, le=60_000)
+    host: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=253,
+        description="this host's name on the bus and in the fabric file",
+    )
+    driver: Literal["sysfs", "netlink", "simulated"] = Field(
+        "sysfs", description="sysfs: IB ports polled; netlink: netdev carrier; simulated: tests"
+    )
+    sysfs_root: Path = Field(Path("/sys/class/infiniband"), description="the IB class dir")
+    poll_interval_ms: float = Field(
+        100.0, ge=5, le=60_000, description="sysfs port state read this often (ms)"
+    )
     netns: str | None = Field(
         None,
         description="network namespace of the netdevs and routes (labs); None = the agent's own",
@@ -843,7 +880,9 @@ class AgentSettings(_Base):
         default_factory=list,
         description="empty: every HCA port found in sysfs, rails by PCI address order",
     )
-    endpoints: list[ipaddress.IPv4Address] = Field(default_factory=list, max_length=64)
+    endpoints: list[ipaddress.IPv4Address] = Field(
+        default_factory=list, max_length=64, description="one /32 per GPU, index = GPU"
+    )
     endpoint_prefixes: list[ipaddress.IPv4Network] = Field(
         default_factory=lambda: [ipaddress.IPv4Network("10.200.0.0/16")],
         description="plans may only route destinations inside these; one ip rule each",
@@ -865,14 +904,14 @@ class AgentSettings(_Base):
     @field_validator("host")
     @classmethod
     def _host_name(cls, v: str) -> str:
-        from linkguard.topics import valid_segment
-
         if not valid_segment(v):
             raise ValueError(f"host {v!r}: use letters, digits, '.', '_' or '-'")
         return v
 
     route_table: int = Field(4242, ge=1, le=2**31 - 1, description="linkguard's own table")
-    rule_priority: int = Field(1000, ge=1, le=32765)
+    rule_priority: int = Field(
+        1000, ge=1, le=32765, description="priority of the ip rules to route_table"
+    )
     apply_routes: bool = Field(
         True,
         description="false: a dry run, plans applied to an in-memory table and the kernel's "
@@ -883,13 +922,20 @@ class AgentSettings(_Base):
         description="route source address, TCP rto_min, neighbour flush (what TCP needs to "
         "follow a reroute)",
     )
-    damping: DampingPolicy = DampingPolicy()
+    damping: DampingPolicy = Field(
+        DampingPolicy(), description="flap damping: how long a flapping port is held down"
+    )
     counter_health: CounterHealthPolicy = Field(
         default_factory=CounterHealthPolicy,
         description="error-counter rates that drain an up port (linkguard.agent.health)",
     )
-    state_dir: Path = Path("/var/lib/linkguard")
-    rail_map_path: Path = Path("/run/linkguard/rail-map.json")
+    state_dir: Path = Field(
+        Path("/var/lib/linkguard"),
+        description="last plan, peer routes, flap history, counter verdicts (kept over restarts)",
+    )
+    rail_map_path: Path = Field(
+        Path("/run/linkguard/rail-map.json"), description="the rail map local jobs read"
+    )
     nccl_topo_file: Path | None = Field(
         None,
         description="this host's NCCL topology file (NCCL_TOPO_FILE XML): the agent writes a "

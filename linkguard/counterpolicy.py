@@ -120,13 +120,19 @@ class CounterHealthPolicy(SettingsModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="error counters can drain an up port (degraded)")
     window_s: float = Field(
         60.0, gt=0, le=86_400, description=f"events counted over this long (s), >= {MIN_WINDOW_S:g}"
     )
     # >= 1 s: counters are read once a second; a shorter time would clear on one clean reading
-    clear_after_s: float = Field(300.0, ge=1.0, le=86_400)
-    thresholds: dict[str, CounterThreshold] = Field(default_factory=dict, max_length=64)
+    clear_after_s: float = Field(
+        300.0, ge=1.0, le=86_400, description="counters below clear this long end degraded (s)"
+    )
+    thresholds: dict[str, CounterThreshold] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="counter name -> {degrade, clear} events per window; {}: the defaults",
+    )
 
     @model_validator(mode="before")
     @classmethod

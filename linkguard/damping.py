@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from linkguard.models import SettingsModel
 
@@ -63,15 +63,31 @@ class DampingPolicy(SettingsModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["backoff", "penalty"] = "backoff"
-    hold_down_initial_s: float = 10.0
-    hold_down_max_s: float = 300.0
-    quiet_period_s: float = 600.0
-    penalty_per_flap: float = 1000.0
-    half_life_s: float = 60.0
-    suppress_threshold: float = 2000.0
-    reuse_threshold: float = 750.0
-    max_suppress_s: float = 300.0
+    mode: Literal["backoff", "penalty"] = Field(
+        "backoff", description="backoff: a hold-down that doubles per flap; penalty: RFC 2439"
+    )
+    hold_down_initial_s: float = Field(
+        10.0, description="backoff: the first flap holds the port down this long (s)"
+    )
+    hold_down_max_s: float = Field(
+        300.0, description="backoff: each flap doubles the hold-down up to this (s)"
+    )
+    quiet_period_s: float = Field(
+        600.0, description="backoff: this long without a flap forgets the history (s)"
+    )
+    penalty_per_flap: float = Field(
+        1000.0, description="penalty: added per flap (RFC 2439 section 4)"
+    )
+    half_life_s: float = Field(60.0, description="penalty: the penalty halves in this long (s)")
+    suppress_threshold: float = Field(
+        2000.0, description="penalty: above this the port is held down"
+    )
+    reuse_threshold: float = Field(
+        750.0, description="penalty: below this a held port is used again"
+    )
+    max_suppress_s: float = Field(
+        300.0, description="penalty: longest hold-down after the last flap (s)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DampingPolicy:

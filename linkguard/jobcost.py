@@ -63,12 +63,11 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import Literal, TypedDict
 
 from linkguard.failuremodel import FailureModel
-
-if TYPE_CHECKING:  # the job model imports no wire model at run time
-    from linkguard.models import HostInventory
+from linkguard.models import HostInventory
+from linkguard.nccl import PortVerdict, fused_layout, port_verdicts
 
 __all__ = [
     "COMMON_ASSUMES",
@@ -196,8 +195,6 @@ def fused_rails(inventory: HostInventory) -> dict[int, tuple[int, ...]]:
     """rail -> the rails of its fused NIC, as ``linkguard nccl env --profile failover`` groups
     ``inventory``'s ports (:func:`linkguard.nccl.fused_layout`, pairs: PCIe switch, then NUMA
     node, then rail order). ``inventory``: a :class:`~linkguard.models.HostInventory`."""
-    from linkguard.nccl import fused_layout, port_verdicts
-
     layout = fused_layout(port_verdicts(inventory, []))
     return {m.rail: tuple(x.rail for x in g.members) for g in layout.groups for m in g.members}
 
@@ -208,8 +205,6 @@ def generated_fused_rails(rails: int) -> dict[int, tuple[int, ...]]:
     (rails split over two NUMA nodes in rail order, no PCIe switch ids): 0-1, 2-3, ... when
     each NUMA node has an even number of rails (8 rails: 0-1, 2-3, 4-5, 6-7; 6 rails: 0-1, 3-4,
     2-5). For a ledger, whose fabric is not recorded."""
-    from linkguard.nccl import PortVerdict, fused_layout
-
     verdicts = [
         PortVerdict(
             hca=f"mlx5_{r}",

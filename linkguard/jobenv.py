@@ -404,6 +404,7 @@ def _directory(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
     if args.dir is not None:
         return args.dir
     if args.config is not None:
+        # lazy: a worker's exec path must not load the settings (pydantic); only --config does
         from linkguard.config import AgentSettings, ConfigError, load_settings
 
         try:

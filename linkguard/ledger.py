@@ -8,56 +8,9 @@ the generated timeline and the simulator's report).
 Produces: a SQLite file (stdlib ``sqlite3``, WAL mode) and the queries :meth:`Ledger.events`
 (the paged timeline) and :meth:`Ledger.report` (:class:`~linkguard.ledgerreport.LedgerReport`).
 
-Tables (schema :data:`SCHEMA_VERSION`, in ``meta``; a file of a newer schema is refused). Times
-(``at``) are wall-clock seconds since the Unix epoch; a simulation's start at
-:data:`~linkguard.simulations.engine.WALL0`:
-
-- ``runs``: one per service run or simulation: ``source`` (``service`` / ``simulation``),
-  fabric name, hosts, GPUs, rails, ``window_start`` / ``window_end`` (what the run observed;
-  a service run's end moves forward with every write and every 30 s), ``duration_s``, the job
-  model used (``model``: the fields of
-  :class:`~linkguard.failuremodel.FailureModel`, JSON) and ``stats`` (JSON: a
-  simulation's ``reroutes``, ``solves``, ``plans``; a service run's ``initial_epoch``, the
-  epoch of its first ``plans`` change, the initial build, which the report does not count as a
-  reroute);
-- ``events``: every change as the service saw it (kind, ``at``, ``seq``, host / hca / port /
-  rail / leaf / su where the change names a port or host, ``data`` JSON; a ``port`` change
-  without its ``counters``, an ``audit`` change without its findings list);
-- ``port_events``: down/up transitions (``previous``, ``current``, ``reason``; ``at`` is the
-  agent's time of the transition);
-- ``suppressions``: a port's damping suppression turning on or off (``flaps``, ``penalty``);
-- ``plans`` (epoch, hosts re-planned, peer routes, messages, ``solve_ms``) and ``acks`` (host,
-  epoch, result, ``apply_ms``, ``fast_path``);
-- ``audit_findings``: one row per finding of each new fleet audit;
-- ``outages`` and ``outage_ports``: incidents, the unit the job cost model works on (below).
-
-Incidents (built by :class:`IncidentBuilder` in the writer thread, from the live feed; ``at``
-here is the service's time of the change):
-
-- A port *goes down* when its status becomes ``down`` from a known other status (its
-  ``port_event``, or its ``port`` state if that arrives first; a first report of an already
-  down port, e.g. after a restart, opens nothing). It joins the open incident whose first down
-  was at most ``incident_window_s`` (default 1 s) earlier, else opens a new one: a leaf reboot is
-  one incident. ``kind``: ``link`` (one port), ``host`` (ports of one host), ``leaf`` (ports
-  behind one leaf), ``ports`` (anything else); ``cause``: the first port's reason.
-- It *closes* when each of its ports has left ``down`` (up, held down or suppressed: the link
-  is back); ``down_s`` = its longest down episode, as the simulator's outages. ``isolated``:
-  a host it touched had no usable (``up``) port left at the time.
-- ``reroute_ms``: only hosts whose port was usable (``up``) right before it went down need a
-  reroute. Each such host is *covered* by the first ``plans`` epoch published after its down
-  that re-plans it while that port is still unusable. The reroute is done when every such host
-  is covered and has acked (``result: applied``, not a fast-path ack) an epoch at least its
-  covering one, or is usable again without having been covered. An ack taken before the
-  ``plans`` change counts (the service emits that change once every message is published,
-  and the first acks can arrive sooner). ``reroute_ms`` = from the incident's first down to
-  the last of those acks: detection, solve, publish and apply on every affected host (the
-  agents' own fast path is faster; it is not what is measured). ``reroute``: ``none``
-  (nobody needed a reroute: e.g. the port was already held down), ``pending``, ``done``, or
-  ``unconfirmed`` (a covered host never acked before its ports were usable again, or an
-  hour passed). The report charges ``pending`` and ``unconfirmed`` incidents as without
-  linkguard. A solve that started just before a port went down and re-planned its host for
-  another reason would count as covering it (the ``plans`` change does not say when its
-  solve started); that shortens ``reroute_ms`` and is rare.
+Tables: :mod:`linkguard.ledgerfile` (which opens and checks the file). Incidents, the unit the
+job cost model works on: :mod:`linkguard.incidents` (built in the writer thread from the live
+feed; each change's rows: :mod:`linkguard.changerows`). The report: :mod:`linkguard.ledgerreport`.
 
 Retention: ``retention_days`` (service default 90, :class:`~linkguard.config.LedgerSettings`);
 rows older than that are deleted when the ledger opens and every hour after; runs that ended
@@ -84,464 +37,67 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import queue
-import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-if TYPE_CHECKING:
-    from linkguard.failuremodel import FailureModel
-    from linkguard.ledgerreport import LedgerReport
-    from linkguard.topology.changes import Change
-    from linkguard.topology.fabric import Fabric
+from linkguard.changerecord import ChangeRecord
+from linkguard.changerows import ChangeRows, Rows, write_incident
+from linkguard.failuremodel import FailureModel
+from linkguard.incidents import (
+    FabricInventory,
+    Incident,
+    IncidentBuilder,
+    PortKey,
+    PortPlace,
+    port_places,
+)
+from linkguard.ledgerfile import (
+    EVENT_KINDS,
+    HEARTBEAT_S,
+    INSERTS,
+    PURGE_EVERY_S,
+    SCHEMA_VERSION,
+    TIMED_TABLES,
+    LedgerError,
+    NoRunError,
+    check_path,
+    connect,
+    file_id,
+    model_from_json,
+    model_json,
+    open_read_only,
+)
+from linkguard.ledgerreport import LedgerReport, build_report
+from linkguard.timestamps import MAX_TIME, iso, parse_time
 
+# the names this module had before it was split (callers and tests import them from here)
 __all__ = [
+    "EVENT_KINDS",
+    "HEARTBEAT_S",
+    "MAX_TIME",
     "SCHEMA_VERSION",
     "Incident",
     "IncidentBuilder",
     "Ledger",
     "LedgerError",
     "NoRunError",
+    "PortKey",
     "PortPlace",
+    "iso",
+    "model_from_json",
     "parse_time",
     "port_places",
 ]
 
 log = structlog.get_logger(__name__)
-
-#: The ledger's schema version (``meta.schema_version``).
-SCHEMA_VERSION = 1
-
-#: Change kinds the ledger records (those of :mod:`linkguard.topology.changes`).
-EVENT_KINDS = ("port", "port_event", "host", "plans", "ack", "audit", "health")
-
-#: Retention purge interval and the window end heartbeat of a running service (s).
-PURGE_EVERY_S = 3600.0
-HEARTBEAT_S = 30.0
-#: A pending reroute becomes ``unconfirmed`` after this long (s).
-REROUTE_GIVE_UP_S = 3600.0
-
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE runs (
-    id INTEGER PRIMARY KEY,
-    source TEXT NOT NULL CHECK (source IN ('service', 'simulation')),
-    fabric TEXT NOT NULL,
-    hosts INTEGER NOT NULL,
-    gpus INTEGER NOT NULL,
-    rails INTEGER NOT NULL,
-    window_start REAL NOT NULL,
-    window_end REAL NOT NULL,
-    duration_s REAL,
-    model TEXT NOT NULL,
-    stats TEXT NOT NULL DEFAULT '{}',
-    closed INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE events (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    seq INTEGER,
-    kind TEXT NOT NULL,
-    at REAL NOT NULL,
-    host TEXT, hca TEXT, port INTEGER, rail INTEGER, leaf TEXT, su INTEGER,
-    data TEXT NOT NULL
-);
-CREATE INDEX events_at ON events (at);
-CREATE INDEX events_kind_at ON events (kind, at);
-CREATE INDEX events_host_at ON events (host, at);
-CREATE INDEX events_rail_at ON events (rail, at);
-CREATE TABLE port_events (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    host TEXT NOT NULL, hca TEXT NOT NULL, port INTEGER NOT NULL,
-    rail INTEGER, leaf TEXT, su INTEGER,
-    previous TEXT NOT NULL, current TEXT NOT NULL, reason TEXT
-);
-CREATE INDEX port_events_at ON port_events (at);
-CREATE TABLE suppressions (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    host TEXT NOT NULL, hca TEXT NOT NULL, port INTEGER NOT NULL,
-    rail INTEGER, leaf TEXT, su INTEGER,
-    suppressed INTEGER NOT NULL, flaps INTEGER NOT NULL, penalty REAL NOT NULL
-);
-CREATE INDEX suppressions_at ON suppressions (at);
-CREATE TABLE plans (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    epoch INTEGER NOT NULL,
-    at REAL NOT NULL,
-    hosts INTEGER NOT NULL,
-    peer_routes INTEGER NOT NULL,
-    messages INTEGER,
-    solve_ms REAL
-);
-CREATE INDEX plans_at ON plans (at);
-CREATE TABLE acks (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    host TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    result TEXT NOT NULL,
-    apply_ms REAL,
-    fast_path INTEGER NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX acks_at ON acks (at);
-CREATE TABLE audit_findings (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL, severity TEXT NOT NULL, subject TEXT NOT NULL,
-    host TEXT, hca TEXT, port INTEGER,
-    expected TEXT, observed TEXT, detail TEXT
-);
-CREATE INDEX audit_findings_at ON audit_findings (at);
-CREATE TABLE outages (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    at_s REAL NOT NULL,
-    kind TEXT NOT NULL,
-    down_s REAL,
-    ports INTEGER NOT NULL,
-    isolated INTEGER NOT NULL,
-    open INTEGER NOT NULL,
-    reroute TEXT NOT NULL CHECK (reroute IN ('none', 'pending', 'done', 'unconfirmed')),
-    reroute_ms REAL,
-    cause TEXT
-);
-CREATE INDEX outages_at ON outages (at);
-CREATE TABLE outage_ports (
-    outage_id INTEGER NOT NULL REFERENCES outages (id) ON DELETE CASCADE,
-    host TEXT NOT NULL, hca TEXT NOT NULL, port INTEGER NOT NULL,
-    rail INTEGER, leaf TEXT, su INTEGER,
-    PRIMARY KEY (outage_id, host, hca, port)
-);
-"""
-
-#: Tables whose rows carry ``at`` (retention deletes by it).
-_TIMED = ("events", "port_events", "suppressions", "plans", "acks", "audit_findings", "outages")
-
-_SUBJECT_PORT = re.compile(r"^(?P<host>[^:\s]+):(?P<hca>[^/\s]+)/(?P<port>\d{1,3})$")
-
-
-class LedgerError(Exception):
-    """A file that cannot be used as a ledger; the message names the path and why."""
-
-
-class NoRunError(LedgerError):
-    """The ledger is readable but has no run in the asked window (nothing to report)."""
-
-
-PortKey = tuple[str, str, int]  # host, hca, port
-
-
-@dataclass(frozen=True)
-class PortPlace:
-    """Where a host port sits in the fabric: its ``rail``, ``leaf`` (None when not cabled in
-    the fabric file) and the leaf's ``su``."""
-
-    rail: int | None
-    leaf: str | None
-    su: int | None
-
-
-def port_places(fabric: Fabric) -> dict[PortKey, PortPlace]:
-    """(host, hca, port) -> :class:`PortPlace` for every host port of ``fabric`` (leaf from
-    its ``host-leaf`` link, SU from that leaf switch)."""
-    su_of = {s.name: s.su for s in fabric.switches}
-    by_end = {
-        f"{h.host}:{c.key}": (h.host, c.hca, c.port, c.rail) for h in fabric.hosts for c in h.hcas
-    }
-    leaf_of: dict[str, str] = {}
-    for link in fabric.links:
-        if link.kind != "host-leaf":
-            continue
-        end, leaf = (link.a, link.b) if link.a in by_end else (link.b, link.a)
-        if end in by_end:
-            leaf_of[end] = leaf
-    out: dict[PortKey, PortPlace] = {}
-    for end, (host, hca, port, rail) in by_end.items():
-        place_leaf = leaf_of.get(end)
-        out[(host, hca, port)] = PortPlace(
-            rail, place_leaf, su_of.get(place_leaf) if place_leaf else None
-        )
-    return out
-
-
-#: The latest time :func:`parse_time` accepts: 9999-12-31T23:59:59Z (Unix s), the end of what
-#: ISO 8601 dates and :func:`iso` can show.
-MAX_TIME = 253_402_300_799.0
-
-#: A bare integer of fewer digits than this is refused as a time: ``20231120`` reads like the
-#: date 2023-11-20 but would be 1970-08-23 in Unix seconds (s since the epoch reach 9 digits in
-#: 1973).
-_EPOCH_DIGITS = 9
-_BARE_INT = re.compile(r"[+-]?[\d_]+")
-
-
-def parse_time(text: str | float | int) -> float:
-    """Seconds since the Unix epoch from a number or an ISO 8601 date/time (``2024-05-01``,
-    ``2024-05-01T12:00:00+02:00``; without a zone it is UTC). A number given as text counts as
-    Unix seconds only with at least 9 digits, a decimal point or an exponent (``1700000000``,
-    ``1.7e9``, ``0.0``): a shorter bare integer such as ``20231120`` is ambiguous (a date?) and
-    refused. The result is between 0 (1970-01-01) and :data:`MAX_TIME` (9999-12-31). Raises
-    ValueError starting ``not a time: <text>`` and saying how to write one otherwise."""
-    how = (
-        "give an ISO 8601 date/time such as 2023-11-20 or 2023-11-20T12:00:00Z, or seconds "
-        "since the Unix epoch with at least 9 digits or a decimal point, such as 1700000000"
-    )
-    short_int = False
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        s = str(text).strip()
-        try:
-            value = float(s)
-            short_int = bool(_BARE_INT.fullmatch(s)) and sum(map(str.isdigit, s)) < _EPOCH_DIGITS
-        except ValueError:
-            try:
-                dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
-                if dt.tzinfo is None:
-                    dt = dt.replace(tzinfo=UTC)
-                value = dt.timestamp()
-            except (ValueError, OverflowError):
-                raise ValueError(f"not a time: {str(text)[:64]!r} ({how})") from None
-    if not (math.isfinite(value) and 0 <= value <= MAX_TIME):
-        raise ValueError(
-            f"not a time: {str(text)[:64]!r} (must be between 1970-01-01 and 9999-12-31, "
-            f"0 .. {MAX_TIME:.0f} s since the Unix epoch)"
-        )
-    if short_int:
-        raise ValueError(
-            f"not a time: {str(text)[:64]!r} is ambiguous, a bare number of fewer than "
-            f"{_EPOCH_DIGITS} digits ({how}; 0.0 for the epoch itself)"
-        )
-    return value
-
-
-def iso(t: float) -> str:
-    """``t`` (Unix s) as ISO 8601 UTC, to the second (``2023-11-14T22:13:20Z``); a value no
-    date can show (negative, past year 9999, not finite) as ``<t> s``. Never raises."""
-    try:
-        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (OverflowError, ValueError, OSError, TypeError):
-        return f"{t!r} s"
-
-
-# -- incidents --------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Incident:
-    """One incident in the making (see the module docstring). ``row_id``: its ``outages`` row
-    once written; ``new_ports``: ports joined since the last write."""
-
-    at: float
-    cause: str | None
-    ports: dict[PortKey, PortPlace] = field(default_factory=dict)
-    down: dict[PortKey, float] = field(default_factory=dict)
-    longest_s: float = 0.0
-    isolated: bool = False
-    needs: set[str] = field(default_factory=set)
-    cover: dict[str, int] = field(default_factory=dict)
-    acked: dict[str, float] = field(default_factory=dict)
-    reroute: str = "none"
-    reroute_ms: float | None = None
-    row_id: int | None = None
-    new_ports: list[PortKey] = field(default_factory=list)
-
-    @property
-    def open(self) -> bool:
-        return bool(self.down)
-
-    @property
-    def down_s(self) -> float | None:
-        """Longest down episode (s); None while a port is still down."""
-        return None if self.down else round(self.longest_s, 6)
-
-    @property
-    def kind(self) -> str:
-        if len(self.ports) == 1:
-            return "link"
-        if len({k[0] for k in self.ports}) == 1:
-            return "host"
-        leaves = {p.leaf for p in self.ports.values()}
-        return "leaf" if len(leaves) == 1 and None not in leaves else "ports"
-
-
-class IncidentBuilder:
-    """Incidents from port statuses, plans and acks, in the order the service saw them (module
-    docstring). Pure: each ``on_*`` method takes the change's time and returns the incidents
-    it changed (to be written). ``host_ports``: every port of each host (isolation)."""
-
-    def __init__(
-        self,
-        places: dict[PortKey, PortPlace],
-        *,
-        window_s: float = 1.0,
-    ) -> None:
-        if not (math.isfinite(window_s) and window_s >= 0):
-            raise ValueError(f"incident_window_s must be finite and >= 0, got {window_s}")
-        self.places = places
-        self.window_s = window_s
-        self.host_ports: dict[str, list[PortKey]] = {}
-        for key in places:
-            self.host_ports.setdefault(key[0], []).append(key)
-        self.status: dict[PortKey, str] = {}
-        self.port_incident: dict[PortKey, Incident] = {}
-        #: incidents still open or waiting for their reroute, oldest first
-        self.active: list[Incident] = []
-        #: host -> (epoch, time) of its latest applied plan ack (the service may take an ack
-        #: before it has finished publishing, i.e. before its ``plans`` change)
-        self.last_ack: dict[str, tuple[int, float]] = {}
-
-    def _usable(self, key: PortKey) -> bool:
-        return self.status.get(key, "up") == "up"
-
-    def on_status(
-        self,
-        key: PortKey,
-        status: str,
-        at: float,
-        *,
-        previous: str | None = None,
-        reason: str | None = None,
-        rail: int | None = None,
-    ) -> list[Incident]:
-        """A port's status as a ``port`` state (``previous`` None) or a ``port_event``
-        (``previous`` its previous status) reported it at ``at``."""
-        before = self.status.get(key)
-        if before is None and previous is not None:
-            before = previous
-        self.status[key] = status
-        touched: list[Incident] = []
-        if status == "down" and before not in (None, "down", "unknown"):
-            inc = next(
-                (i for i in reversed(self.active) if i.open and 0 <= at - i.at <= self.window_s),
-                None,
-            )
-            if inc is None:
-                inc = Incident(at=at, cause=reason)
-                self.active.append(inc)
-            if key not in inc.ports:
-                inc.new_ports.append(key)
-            inc.ports[key] = self.places.get(key, PortPlace(rail, None, None))
-            inc.down[key] = at
-            self.port_incident[key] = inc
-            if before == "up":
-                inc.needs.add(key[0])
-            host_keys = self.host_ports.get(key[0], [key])
-            if not any(self._usable(k) for k in host_keys):
-                inc.isolated = True
-            touched.append(inc)
-        elif status == "down" and reason:
-            inc = self.port_incident.get(key)
-            if inc is not None and inc.cause is None:  # the event names what the state did not
-                inc.cause = reason
-                touched.append(inc)
-        elif before == "down" and status != "down":
-            inc = self.port_incident.pop(key, None)
-            if inc is not None and key in inc.down:
-                inc.longest_s = max(inc.longest_s, at - inc.down.pop(key))
-                touched.append(inc)
-        if status == "up":
-            for inc in self.active:
-                if key[0] in inc.needs and self._settle(inc, at) and inc not in touched:
-                    touched.append(inc)
-        self._retire(at)
-        return touched
-
-    def on_plans(self, epoch: int, hosts: Iterable[str], at: float) -> list[Incident]:
-        """A plans publish re-planning ``hosts``: it covers the hosts of open reroutes whose
-        incident port is still unusable."""
-        hosts = set(hosts)
-        touched = []
-        for inc in self.active:
-            changed = False
-            for h in inc.needs - inc.cover.keys():
-                if h in hosts and any(not self._usable(k) for k in inc.ports if k[0] == h):
-                    inc.cover[h] = epoch
-                    acked = self.last_ack.get(h)
-                    if acked is not None and acked[0] >= epoch:
-                        inc.acked[h] = acked[1]
-                    changed = True
-            if changed:
-                if inc.reroute in ("none", "done"):
-                    inc.reroute = "pending"
-                    inc.reroute_ms = None
-                self._settle(inc, at)
-                touched.append(inc)
-        self._retire(at)
-        return touched
-
-    def on_ack(
-        self, host: str, epoch: int, *, result: str, fast_path: bool, at: float
-    ) -> list[Incident]:
-        """An agent's ack."""
-        if result != "applied" or fast_path:
-            return []
-        if epoch > self.last_ack.get(host, (-1, at))[0]:  # the first ack of each epoch
-            self.last_ack[host] = (epoch, at)
-        touched = []
-        for inc in self.active:
-            want = inc.cover.get(host)
-            if want is not None and host not in inc.acked and epoch >= want:
-                inc.acked[host] = at
-                self._settle(inc, at)
-                touched.append(inc)
-        self._retire(at)
-        return touched
-
-    def _settle(self, inc: Incident, at: float) -> bool:
-        """Decide ``inc``'s reroute if it can be; True when that changed it."""
-        if inc.reroute != "pending":
-            return False
-        waiting = False
-        for h in inc.needs:
-            ports_usable = all(self._usable(k) for k in inc.ports if k[0] == h)
-            if h in inc.cover:
-                if h not in inc.acked and not ports_usable:
-                    waiting = True
-                elif h not in inc.acked:
-                    inc.reroute = "unconfirmed"  # usable again, its plan never acked
-                    return True
-            elif not ports_usable:
-                waiting = True  # its plans are still to come
-        if waiting:
-            if at - inc.at > REROUTE_GIVE_UP_S:
-                inc.reroute = "unconfirmed"
-                return True
-            return False
-        inc.reroute = "done"
-        inc.reroute_ms = round((max(inc.acked.values()) - inc.at) * 1000, 3)
-        return True
-
-    def _retire(self, at: float) -> None:
-        """Forget incidents that are closed and whose reroute is decided (or given up)."""
-        keep = []
-        for inc in self.active:
-            if inc.reroute == "pending" and at - inc.at > REROUTE_GIVE_UP_S:
-                inc.reroute = "unconfirmed"
-            if inc.open or inc.reroute == "pending":
-                keep.append(inc)
-        self.active = keep
-
-
-# -- the ledger -------------------------------------------------------------------------------
 
 
 class _Stop:
@@ -549,43 +105,6 @@ class _Stop:
 
 
 _STOP = _Stop()
-
-
-def _model_json(model: FailureModel | None) -> str:
-    from linkguard.failuremodel import FailureModel
-
-    return json.dumps(asdict(model or FailureModel()))
-
-
-def model_from_json(text: str) -> FailureModel:
-    """A :class:`~linkguard.failuremodel.FailureModel` from a run's ``model`` JSON
-    (fields it does not know are ignored; missing ones take their defaults)."""
-    from linkguard.failuremodel import FailureModel
-
-    try:
-        raw = json.loads(text)
-    except (TypeError, ValueError):
-        raw = {}
-    if not isinstance(raw, dict):
-        raw = {}
-    known = {f.name for f in fields(FailureModel)}
-    # JSON values: FailureModel's own checks (TypeError, ValueError) reject wrong ones
-    kw: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
-    }
-    try:
-        return FailureModel(**kw)
-    except (TypeError, ValueError):
-        return FailureModel()
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the file at ``path``; None when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 class Ledger:
@@ -624,22 +143,22 @@ class Ledger:
             raise ValueError(f"incident_window_s must be >= 0, got {incident_window_s}")
         self.retention_days = retention_days
         self.incident_window_s = incident_window_s
-        self._check_path(create)
+        check_path(self.path, create=create)
         self._lock = threading.Lock()
-        self._conn = self._connect(create=create)
+        self._conn = connect(self.path, create=create, read_only=read_only)
         self.run_id: int | None = None
         self._run_start = 0.0
         self._places: dict[PortKey, PortPlace] = {}
         self.builder: IncidentBuilder | None = None
-        self._suppressed: dict[PortKey, bool] = {}
+        self._rows: ChangeRows | None = None
         # changes to write; a flush's Event (set once written); _STOP
-        self._queue: queue.Queue[Change | threading.Event | _Stop] = queue.Queue(
+        self._queue: queue.Queue[ChangeRecord | threading.Event | _Stop] = queue.Queue(
             maxsize=max(1, queue_size)
         )
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_purge = 0.0
-        self._file_id = None if read_only else _file_id(self.path)
+        self._file_id = None if read_only else file_id(self.path)
         self._last_file_check = 0.0
         self._file_replaced = False
         self._initial_epoch_seen = False
@@ -653,89 +172,8 @@ class Ledger:
             self.purge()
 
     # -- opening --------------------------------------------------------------------------------
-    def _check_path(self, create: bool) -> None:
-        p = self.path
-        if p.is_dir():
-            raise LedgerError(f"ledger {p} is a directory; give a file path")
-        if not p.exists():
-            if not create:
-                raise LedgerError(f"no ledger at {p}")
-            if not p.parent.is_dir():
-                raise LedgerError(f"cannot create ledger {p}: {p.parent} is not a directory")
-
     def _open_read_only(self) -> sqlite3.Connection:
-        """A ``mode=ro`` connection (``immutable`` too when no writer has the file open: no
-        ``-wal`` beside it); never creates or changes a file. Raises :class:`LedgerError`."""
-        p = self.path
-        if not p.is_file():
-            gone = " (deleted or moved since it was opened)" if hasattr(self, "_conn") else ""
-            raise LedgerError(f"no ledger at {p}{gone}")
-        uri = p.resolve().as_uri() + "?mode=ro"
-        if not Path(f"{p}-wal").exists():
-            uri += "&immutable=1"
-        try:
-            return sqlite3.connect(
-                uri, uri=True, timeout=10, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot read ledger {p}: {exc}") from None
-
-    def _connect(self, *, create: bool) -> sqlite3.Connection:
-        """Open, switch to WAL, create or check the schema (read-only: only check it)."""
-        p = self.path
-        if self.read_only:
-            conn = self._open_read_only()
-        else:
-            try:
-                conn = sqlite3.connect(p, timeout=10, isolation_level=None, check_same_thread=False)
-            except sqlite3.Error as exc:
-                raise LedgerError(f"cannot open ledger {p}: {exc}") from None
-        try:
-            if not self.read_only:
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise LedgerError(f"ledger {p}: SQLite refused WAL mode (journal mode {mode})")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA foreign_keys=ON")
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            if not tables:
-                if not create:
-                    raise LedgerError(f"{p} is not a linkguard ledger (an empty database)")
-                conn.executescript(
-                    "BEGIN;"
-                    + _SCHEMA
-                    + f"INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');"
-                    + f"INSERT INTO meta VALUES ('created_at', '{time.time()!r}');"
-                    + "COMMIT;"
-                )
-            elif "meta" not in tables:
-                raise LedgerError(
-                    f"{p} is an SQLite database but not a linkguard ledger (no meta table)"
-                )
-            else:
-                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                try:
-                    version = int(row[0]) if row else None
-                except ValueError:
-                    version = None
-                if version is None:
-                    raise LedgerError(f"{p} is not a linkguard ledger (no schema version)")
-                if version > SCHEMA_VERSION:
-                    raise LedgerError(
-                        f"ledger {p} has schema version {version}, newer than this linkguard's "
-                        f"{SCHEMA_VERSION}: use a newer linkguard to read it"
-                    )
-                if version < SCHEMA_VERSION:  # no older schema was ever released
-                    raise LedgerError(f"ledger {p} has unknown old schema version {version}")
-        except LedgerError:
-            conn.close()
-            raise
-        except sqlite3.Error as exc:
-            conn.close()
-            raise LedgerError(f"cannot use {p} as a ledger: {exc}") from None
-        return conn
+        return open_read_only(self.path, was_open=hasattr(self, "_conn"))
 
     @contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
@@ -770,7 +208,7 @@ class Ledger:
     # -- runs -----------------------------------------------------------------------------------
     def start_run(
         self,
-        fabric: Fabric,
+        fabric: FabricInventory,
         *,
         source: str = "service",
         model: FailureModel | None = None,
@@ -790,7 +228,6 @@ class Ledger:
         end = start if window_end is None else window_end
         self._places = port_places(fabric)
         self.builder = IncidentBuilder(self._places, window_s=self.incident_window_s)
-        self._suppressed = {}
         self._run_start = start
         self._initial_epoch_seen = False
         with self._lock:
@@ -806,15 +243,16 @@ class Ledger:
                     start,
                     end,
                     duration_s,
-                    _model_json(model),
+                    model_json(model),
                     json.dumps(stats or {}),
                 ),
             )
             self.run_id = int(cur.lastrowid or 0)
+        self._rows = ChangeRows(self.run_id, self._places, self.builder)
         return self.run_id
 
     # -- the live feed --------------------------------------------------------------------------
-    def consumer(self) -> Callable[[Change], None]:
+    def consumer(self) -> Callable[[ChangeRecord], None]:
         """The callback for :meth:`ChangeFeed.subscribe
         <linkguard.topology.changes.ChangeFeed.subscribe>`: it only queues the change (never
         blocks). Starts the writer thread. Raises RuntimeError before :meth:`start_run`."""
@@ -826,7 +264,7 @@ class Ledger:
             )
             self._thread.start()
 
-        def consume(change: Change) -> None:
+        def consume(change: ChangeRecord) -> None:
             if self._closed:
                 self.dropped += 1
                 return
@@ -907,14 +345,15 @@ class Ledger:
             if any(x is _STOP for x in batch):
                 return
 
-    def write(self, changes: list[Change], *, now: float | None = None) -> None:
+    def write(self, changes: Sequence[ChangeRecord], *, now: float | None = None) -> None:
         """Record ``changes`` in one transaction (the writer thread calls this; tests and
         one-shot tools may call it directly). Also moves the run's window end to ``now`` and
         purges by retention when due."""
-        if self.run_id is None or self.builder is None:
+        if self.run_id is None or self._rows is None:
             raise RuntimeError("Ledger.start_run() first")
+        run_id, recorder = self.run_id, self._rows
         now = time.time() if now is None else now
-        rows: dict[str, list[tuple[object, ...]]] = {t: [] for t in _INSERTS}
+        rows: Rows = {t: [] for t in INSERTS}
         touched: dict[int, Incident] = {}
         saved: dict[int, tuple[int | None, list[PortKey]]] = {}
         initial = None
@@ -928,14 +367,14 @@ class Ledger:
             conn.execute("BEGIN")
             try:
                 for c in changes:
-                    for inc in self._record(c, rows):
+                    for inc in recorder.record(c, rows):
                         touched[id(inc)] = inc
                 saved = {k: (inc.row_id, list(inc.new_ports)) for k, inc in touched.items()}
                 for inc in touched.values():
-                    self._write_incident(conn, inc)
+                    write_incident(conn, inc, run_id=run_id, run_start=self._run_start)
                 for table, batch in rows.items():
                     if batch:
-                        conn.executemany(_INSERTS[table], batch)
+                        conn.executemany(INSERTS[table], batch)
                 end = max([now, *(c.at for c in changes)])
                 conn.execute(
                     "UPDATE runs SET window_end = max(window_end, ?) WHERE id = ?",
@@ -963,7 +402,7 @@ class Ledger:
         """Log ``ledger_file_replaced`` once when the path no longer names the open file
         (deleted, moved or replaced under the service: its writes go nowhere readable)."""
         self._last_file_check = now
-        if self._file_replaced or self._file_id is None or _file_id(self.path) == self._file_id:
+        if self._file_replaced or self._file_id is None or file_id(self.path) == self._file_id:
             return
         self._file_replaced = True
         log.error(
@@ -973,150 +412,6 @@ class Ledger:
             "now goes to the old file, which nothing can read: restart the service to "
             "open the ledger at this path again",
         )
-
-    def _record(self, c: Change, rows: dict[str, list[tuple[object, ...]]]) -> list[Incident]:
-        """Rows for one change into ``rows``; the incidents it touched."""
-        assert self.builder is not None
-        d, run, at = c.data, self.run_id, c.at
-        host = d.get("host") if isinstance(d.get("host"), str) else None
-        hca = d.get("hca") if isinstance(d.get("hca"), str) else None
-        port = d.get("port") if isinstance(d.get("port"), int) else None
-        rail = d.get("rail") if isinstance(d.get("rail"), int) else None
-        key = (host, hca, port) if host and hca and port is not None else None
-        place = self._places.get(key) if key else None
-        if place is not None and place.rail is not None:
-            rail = place.rail
-        leaf, su = (place.leaf, place.su) if place else (None, None)
-        data: dict[str, Any] = d
-        touched: list[Incident] = []
-        if c.kind == "port" and key is not None:
-            data = {k: v for k, v in d.items() if k not in ("counters", "counters_saturated")}
-            status = str(d.get("status", "unknown"))
-            touched = self.builder.on_status(
-                key,
-                status,
-                at,
-                reason=d.get("reason"),
-                rail=rail,
-            )
-            damping = d.get("damping") or {}
-            suppressed = bool(damping.get("suppressed", False))
-            if suppressed != self._suppressed.get(key, False):
-                self._suppressed[key] = suppressed
-                rows["suppressions"].append(
-                    (
-                        run,
-                        at,
-                        host,
-                        hca,
-                        port,
-                        rail,
-                        leaf,
-                        su,
-                        int(suppressed),
-                        int(damping.get("flaps", 0) or 0),
-                        float(damping.get("penalty", 0.0) or 0.0),
-                    )
-                )
-        elif c.kind == "port_event" and key is not None:
-            previous, current = str(d.get("previous")), str(d.get("current"))
-            event_at = float(d.get("at", at) or at)
-            rows["port_events"].append(
-                (run, event_at, host, hca, port, rail, leaf, su, previous, current, d.get("reason"))
-            )
-            touched = self.builder.on_status(
-                key,
-                current,
-                at,
-                previous=previous,
-                reason=d.get("reason"),
-                rail=rail,
-            )
-        elif c.kind == "plans":
-            hosts = [h for h in d.get("hosts", []) if isinstance(h, str)]
-            peers = d.get("peer_routes", [])
-            rows["plans"].append(
-                (
-                    run,
-                    int(d.get("epoch", 0)),
-                    at,
-                    len(hosts),
-                    len(peers) if isinstance(peers, list) else int(peers or 0),
-                    d.get("messages"),
-                    d.get("solve_ms"),
-                )
-            )
-            touched = self.builder.on_plans(int(d.get("epoch", 0)), hosts, at)
-        elif c.kind == "ack" and host:
-            result = str(d.get("result"))
-            fast = bool(d.get("fast_path", False))
-            epoch = int(d.get("epoch", 0))
-            rows["acks"].append((run, host, epoch, result, d.get("apply_ms"), int(fast), at))
-            touched = self.builder.on_ack(host, epoch, result=result, fast_path=fast, at=at)
-        elif c.kind == "audit":
-            findings = d.get("findings") or []
-            data = {k: v for k, v in d.items() if k != "findings"}
-            data["findings_count"] = len(findings)
-            for f in findings:
-                if not isinstance(f, dict):
-                    continue
-                subject = str(f.get("subject", ""))
-                m = _SUBJECT_PORT.match(subject)
-                rows["audit_findings"].append(
-                    (
-                        run,
-                        at,
-                        str(f.get("kind", "")),
-                        str(f.get("severity", "")),
-                        subject,
-                        m["host"]
-                        if m
-                        else (subject if subject in self.builder.host_ports else None),
-                        m["hca"] if m else None,
-                        int(m["port"]) if m else None,
-                        f.get("expected"),
-                        f.get("observed"),
-                        f.get("detail"),
-                    )
-                )
-        rows["events"].append(
-            (run, c.seq, c.kind, at, host, hca, port, rail, leaf, su, json.dumps(data))
-        )
-        return touched
-
-    def _write_incident(self, conn: sqlite3.Connection, inc: Incident) -> None:
-        values = (
-            inc.kind,
-            inc.down_s,
-            len(inc.ports),
-            int(inc.isolated),
-            int(inc.open),
-            inc.reroute,
-            inc.reroute_ms,
-            inc.cause,
-        )
-        if inc.row_id is None:
-            cur = conn.execute(
-                "INSERT INTO outages (run_id, at, at_s, kind, down_s, ports, isolated, open,"
-                " reroute, reroute_ms, cause) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (self.run_id, inc.at, round(inc.at - self._run_start, 6), *values),
-            )
-            inc.row_id = int(cur.lastrowid or 0)
-        else:
-            conn.execute(
-                "UPDATE outages SET kind=?, down_s=?, ports=?, isolated=?, open=?, reroute=?,"
-                " reroute_ms=?, cause=? WHERE id=?",
-                (*values, inc.row_id),
-            )
-        if inc.new_ports:
-            conn.executemany(
-                "INSERT OR IGNORE INTO outage_ports VALUES (?,?,?,?,?,?,?)",
-                [
-                    (inc.row_id, *k, inc.ports[k].rail, inc.ports[k].leaf, inc.ports[k].su)
-                    for k in inc.new_ports
-                ],
-            )
-            inc.new_ports = []
 
     def purge(self, *, now: float | None = None) -> int:
         """Delete rows older than ``retention_days`` (no-op when None); returns rows deleted."""
@@ -1129,7 +424,7 @@ class Ledger:
         with self._lock:
             try:
                 self._conn.execute("BEGIN")
-                for table in _TIMED:
+                for table in TIMED_TABLES:
                     deleted += self._conn.execute(
                         f"DELETE FROM {table} WHERE at < ?", (cutoff,)
                     ).rowcount
@@ -1175,8 +470,8 @@ class Ledger:
             conn = self._conn
             conn.execute("BEGIN")
             try:
-                conn.executemany(_INSERTS["port_events"], port_rows)
-                conn.executemany(_INSERTS["events"], event_rows)
+                conn.executemany(INSERTS["port_events"], port_rows)
+                conn.executemany(INSERTS["events"], event_rows)
                 for row, keys in outages:
                     cur = conn.execute(
                         "INSERT INTO outages (run_id, at, at_s, kind, down_s, ports, isolated,"
@@ -1270,8 +565,6 @@ class Ledger:
         :class:`NoRunError` when no run overlaps the window; :class:`LedgerError` when the
         ledger cannot be read or its runs hold values no run can have (naming row and field).
         """
-        from linkguard.ledgerreport import build_report
-
         with self._reader() as conn:
             return build_report(
                 conn,
@@ -1286,23 +579,7 @@ class Ledger:
 
     def count(self, table: str) -> int:
         """Rows in ``table`` (one of the ledger's tables; for tests and tools)."""
-        if table not in (*_TIMED, "runs", "outage_ports"):
+        if table not in (*TIMED_TABLES, "runs", "outage_ports"):
             raise ValueError(f"unknown table {table!r}")
         with self._reader() as conn:
             return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-
-
-_INSERTS = {
-    "events": "INSERT INTO events (run_id, seq, kind, at, host, hca, port, rail, leaf, su, data)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-    "port_events": "INSERT INTO port_events (run_id, at, host, hca, port, rail, leaf, su,"
-    " previous, current, reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-    "suppressions": "INSERT INTO suppressions (run_id, at, host, hca, port, rail, leaf, su,"
-    " suppressed, flaps, penalty) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-    "plans": "INSERT INTO plans (run_id, epoch, at, hosts, peer_routes, messages, solve_ms)"
-    " VALUES (?,?,?,?,?,?,?)",
-    "acks": "INSERT INTO acks (run_id, host, epoch, result, apply_ms, fast_path, at)"
-    " VALUES (?,?,?,?,?,?,?)",
-    "audit_findings": "INSERT INTO audit_findings (run_id, at, kind, severity, subject, host,"
-    " hca, port, expected, observed, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-}

@@ -63,8 +63,9 @@ from linkguard.jobcost import (
     needless,
     price_transports,
 )
-from linkguard.ledger import MAX_TIME, LedgerError, NoRunError, iso
+from linkguard.ledgerfile import LedgerError, NoRunError
 from linkguard.ledgerrows import Run, blank, outage_links, port_tables, read_runs
+from linkguard.timestamps import MAX_TIME, iso
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
 

@@ -1,7 +1,7 @@
 """The ledger's rows as the interruption report reads them: runs checked field by field,
 per-port flap and down-time tables, and each outage's ports with when they were back.
 
-Consumes: an open ledger connection (rows as :class:`sqlite3.Row`, :mod:`linkguard.ledger`'s
+Consumes: an open ledger connection (rows as :class:`sqlite3.Row`, :mod:`linkguard.ledgerfile`'s
 tables). Produces: :class:`Run` records (:func:`read_runs`; :class:`~linkguard.ledger.
 LedgerError` names the row and field of an impossible value), the tables :func:`port_tables`
 builds and the :class:`~linkguard.jobcost.Link` records :func:`outage_links` gives
@@ -18,7 +18,8 @@ from typing import Any
 
 from linkguard.failuremodel import FailureModel
 from linkguard.jobcost import Link
-from linkguard.ledger import HEARTBEAT_S, MAX_TIME, LedgerError, model_from_json
+from linkguard.ledgerfile import HEARTBEAT_S, LedgerError, model_from_json
+from linkguard.timestamps import MAX_TIME
 
 __all__ = [
     "LINK_MATCH_S",

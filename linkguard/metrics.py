@@ -3,7 +3,8 @@ node_exporter style: ``linkguard_`` names, base units (seconds, Gb/s in the name
 counters, per-port labels ``hca``, ``port``, ``rail``.
 
 Consumes: an :class:`~linkguard.agent.daemon.Agent` (its inventory, port monitor, applier,
-``stats`` and bus) or a :class:`~linkguard.topology.service.TopologyService` (its
+``stats`` and bus) or a :class:`~linkguard.topology.service.TopologyService` (through the
+protocols of :mod:`linkguard.metricsources`, so this module imports neither; the service's
 :class:`~linkguard.topology.state.FabricState`, counters, bus and ``changes`` feed), read when
 scraped; plus the events the owner hands in (:meth:`AgentMetrics.observe_events`,
 :meth:`AgentMetrics.observe_ack`) or the service emits on ``service.changes`` (plans, acks,
@@ -38,15 +39,13 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from linkguard import __version__
+from linkguard.changerecord import ChangeRecord
 from linkguard.config import listen_address
+from linkguard.metricsources import AgentSource, ServiceSource
 from linkguard.models import Ack, AckResult, PortEvent, PortStatus
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
-
-    from linkguard.agent.daemon import Agent
-    from linkguard.topology.changes import Change
-    from linkguard.topology.service import TopologyService
 
 __all__ = [
     "APPLY_BUCKETS_S",
@@ -170,7 +169,7 @@ class AgentMetrics:
     it applied (:meth:`observe_ack`: apply time); everything else is read from the agent when
     scraped. ``port``: the exporter's bound TCP port (None while not serving)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentSource) -> None:
         self.agent = agent
         self.registry = CollectorRegistry()
         self.apply_seconds = Histogram(
@@ -462,7 +461,7 @@ class ServiceMetrics:
     #: at most this many downs are kept waiting (a storm beyond it is not timed)
     MAX_DOWNS = 100_000
 
-    def __init__(self, service: TopologyService) -> None:
+    def __init__(self, service: ServiceSource) -> None:
         self.service = service
         self.registry = CollectorRegistry()
         self.solver_seconds = Histogram(
@@ -513,7 +512,7 @@ class ServiceMetrics:
         return _render(self.registry, accept_header)
 
     # -- fed by the change feed ----------------------------------------------------------------
-    def _on_change(self, change: Change) -> None:
+    def _on_change(self, change: ChangeRecord) -> None:
         if self._loop is None:
             with contextlib.suppress(RuntimeError):  # emitted outside a loop (tests)
                 self._loop = asyncio.get_running_loop()

@@ -58,6 +58,7 @@ from xml.etree import ElementTree as ET
 
 import structlog
 
+from linkguard.atomicfile import atomic_write
 from linkguard.jobwatch import selects as hca_selects
 from linkguard.models import HostInventory, Plan, PortState, PortStatus
 
@@ -423,6 +424,7 @@ class _Builder(ET.TreeBuilder):
 
 
 def _parse(data: str | bytes, source: str) -> tuple[ET.Element, list[str]]:
+    # lazy: only a topology file (NCCL_TOPO_FILE) needs the XML parser
     import defusedxml
     from defusedxml.ElementTree import DefusedXMLParser
 
@@ -716,8 +718,6 @@ class NcclFiles:
         *,
         expected_gbps: Mapping[str, float] | float | None,
     ) -> NcclRendering:
-        from linkguard.agent.applier import atomic_write
-
         topo: TopologyRendering | None = None
         topo_path: str | None = None
         if self.topology_file is not None:

@@ -398,7 +398,7 @@ def plot(rep: FleetReport, path: Path | str) -> None:
     linkguard, per transport priced, and every outage's length against NCCL's budget and one
     RC retransmit timeout (the fail-fast policy's wait). Raises OSError when the file cannot be
     written."""
-    import matplotlib
+    import matplotlib  # lazy: only --plot draws (matplotlib takes ~1 s to import)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -178,6 +178,7 @@ def run(a: JobArgs) -> int:
     log = _Log(a.out)
     import datetime
 
+    # lazy: torch is the lab's optional extra; --help and arg checks run without it
     import torch
     import torch.distributed as dist
     from torch import nn

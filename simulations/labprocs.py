@@ -31,6 +31,7 @@ import yaml
 from linkguard import topics
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.bus import Bus, BusMessage
+from linkguard.config import AgentSettings, ConfigError, load_settings
 from linkguard.models import (
     Ack,
     HCAInfo,
@@ -85,8 +86,6 @@ def agent_overrides(settings: Mapping[str, object]) -> dict[str, Any]:
     settings model (:func:`~linkguard.config.load_settings`), so a key this linkguard does not
     know is refused here, before a lab is built. Raises ValueError naming the key: one the lab
     sets itself (:data:`LAB_AGENT_KEYS`), two keys that collide, a bad value."""
-    from linkguard.config import AgentSettings, ConfigError, load_settings
-
     nested: dict[str, Any] = {}
     for key, value in settings.items():
         parts = key.split(".")

@@ -383,7 +383,7 @@ def _bus_settings(**kw: object) -> BusSettings:
 
 class _Mosquitto:
     def __init__(self, workdir: Path) -> None:
-        from linkguard.broker import MosquittoProcess
+        from linkguard.broker import MosquittoProcess  # lazy: amqtt/mosquitto per backend
 
         self.proc = MosquittoProcess(workdir).start()
         self.settings = _bus_settings(port=self.proc.port)
@@ -411,7 +411,7 @@ class _Mosquitto:
 
 class _Memory:
     def __init__(self) -> None:
-        from linkguard.membus import MemoryBroker
+        from linkguard.membus import MemoryBroker  # lazy: loaded only for this backend
 
         self.broker = MemoryBroker()
         self.settings = _bus_settings()

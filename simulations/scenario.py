@@ -62,6 +62,7 @@ from linkguard.models import (
 )
 from linkguard.simulations.jobspec import JobSpec, check_job, job_hosts
 from linkguard.topology.fabric import Fabric, check_servable, load_fabric
+from linkguard.topology.generator import generate_rail_optimized
 
 __all__ = [
     "EVENT_KINDS",
@@ -595,8 +596,6 @@ def load_scenario(path: str | Path) -> LoadedScenario:
 
 
 def _load_fabric(src: FabricSource, path: Path) -> Fabric:
-    from linkguard.topology.generator import generate_rail_optimized
-
     if src.generate is not None:
         try:
             return generate_rail_optimized(**src.generate.model_dump())

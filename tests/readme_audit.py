@@ -1,6 +1,6 @@
-"""The README's fleet-audit example, shared by the CLI and audit tests: a generated 16-host x
-4-rail fabric, edited as the README says (gpu003's rail-0/1 cables swapped, gpu005's rail-3
-cable at 100 Gb/s, gpu009 gone)."""
+"""The fleet-audit example of docs/fabric.md (once the README's), shared by the CLI and audit
+tests: a generated 16-host x 4-rail fabric, edited as that page says (gpu003's rail-0/1 cables
+swapped, gpu005's rail-3 cable at 100 Gb/s, gpu009 gone)."""
 
 from __future__ import annotations
 

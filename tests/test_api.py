@@ -7,6 +7,7 @@ server starts and stops with the service."""
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -513,6 +514,30 @@ async def test_openapi_and_docs(live: Live) -> None:
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     docs = await live.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+async def test_docs_pages_load_nothing_from_another_host(live: Live) -> None:
+    """/docs (Swagger UI) and /redoc work on an air-gapped management network: their pages name
+    no other host (no CDN, no web font), and every script, stylesheet and icon they reference is
+    served by the service itself."""
+    wanted = {
+        "/docs": {"swagger-ui-bundle.js": "javascript", "swagger-ui.css": "text/css"},
+        "/redoc": {"redoc.standalone.js": "javascript"},
+    }
+    for page, assets in wanted.items():
+        r = await live.get(page)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+        assert re.findall(r"\w+://|//[\w.-]+\.\w", r.text) == [], page  # no absolute URL at all
+        refs = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+        assert {ref.rsplit("/", 1)[1] for ref in refs} >= set(assets), (page, refs)
+        for ref in refs:
+            assert ref.startswith(f"{api_module.DOCS_ASSETS}/"), (page, ref)
+            got = await live.get(ref)
+            assert got.status_code == 200 and len(got.content) > 1000, ref
+            kind = assets.get(ref.rsplit("/", 1)[1], "image/")
+            assert kind in got.headers["content-type"], (ref, got.headers["content-type"])
+    redirect = await live.get("/docs/oauth2-redirect")  # Swagger UI's OAuth2 helper page
+    assert redirect.status_code == 200 and "://" not in redirect.text
 
 
 async def test_metrics_without_redirect(live: Live) -> None:

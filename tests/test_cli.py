@@ -468,7 +468,8 @@ def test_fabric_audit_bad_inputs_exit_2(tmp_path: Path, capsys) -> None:
     assert "absent.yaml" in capsys.readouterr().err
 
 
-#: The README's audit example, as `fabric audit --ibnetdiscover` prints it.
+#: The fleet-audit example of docs/fabric.md (once the README's), as `fabric audit
+#: --ibnetdiscover` prints it.
 README_AUDIT = """\
 SEVERITY  KIND          SUBJECT          EXPECTED            OBSERVED                                 DETAIL
 error     wrong_rate    gpu005:mlx5_3/1  400 Gb/s            4xEDR 100 Gb/s                           runs at 25% of the expected rate
@@ -481,7 +482,7 @@ error     missing_host  gpu009           4 HCA ports         -                  
 
 
 def test_readme_audit_example_with_shipped_commands(tmp_path: Path, capsys) -> None:
-    """generate -> edit the copy as the README says -> export --format ibnetdiscover -> audit,
+    """generate -> edit the copy as docs/fabric.md says -> export --format ibnetdiscover -> audit,
     and the same edited copy audited directly as an observed fabric file."""
     observed = write_observed(tmp_path)
     # an expected fabric (show, the service) must not have an HCA on another rail's leaf
@@ -491,7 +492,7 @@ def test_readme_audit_example_with_shipped_commands(tmp_path: Path, capsys) -> N
     assert main(["fabric", "export", "--fabric", str(observed), "-o", str(dump)]) == 0
     assert main(["fabric", "audit", *AUDIT_GEN, "--ibnetdiscover", str(dump)]) == 1
     assert capsys.readouterr().out == README_AUDIT
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "fabric.md").read_text()
     assert README_AUDIT.rstrip("\n") in readme
     # the edited file itself, read as observed: the same findings under fabric names
     assert main(["fabric", "audit", *AUDIT_GEN, "--fabric", str(observed), "--format", "json"]) == 1

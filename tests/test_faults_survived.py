@@ -11,8 +11,8 @@ processes (a private Mosquitto, the real agent and service, real MQTT clients).
   ``now`` (checked in the code below).
 
 The machine's clock is never changed: the agent's module-level ``time`` is swapped for one whose
-``time()`` jumps while ``monotonic()`` is the real one. The README's "Faults survived" paragraph
-maps every fault of the issue to its test, here or elsewhere.
+``time()`` jumps while ``monotonic()`` is the real one. The "Faults survived" section of
+docs/operations.md maps every fault of the issue to its test, here or elsewhere.
 """
 
 from __future__ import annotations

@@ -303,11 +303,15 @@ def test_exec_imports_no_heavy_module(host: Host, run: Path) -> None:
 
 
 def test_readme_commands_table_lists_every_command() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    table = readme.split("\n## Commands\n", 1)[1].strip().split("\n\n", 1)[0]
+    """The commands table (docs/commands.md, once the README's) lists every command, and the
+    Jobs section (docs/jobs.md) every exit code of `linkguard exec`."""
+    docs = Path(__file__).parents[1] / "docs"
+    readme = (docs / "commands.md").read_text()
+    table = readme.split("# Commands\n", 1)[1].strip().split("\n\n", 1)[0]
     listed = set(re.findall(r"^\| `linkguard ([a-z]+)", table, re.M))
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert listed == set(sub.choices)  # type: ignore[attr-defined]
+    readme = (docs / "jobs.md").read_text()
     jobs = readme.split("\n## Jobs\n", 1)[1].split("\n## ", 1)[0]
     for code in (EXIT_NO_USABLE_RAIL, EXIT_NO_PLAN, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND):
         assert f"`{code}`" in jobs

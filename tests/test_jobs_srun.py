@@ -1,4 +1,4 @@
-"""The README's ``srun`` line, for real: ``srun --ntasks=2 linkguard exec --dir DIR -- python
+"""The ``srun`` line of docs/jobs.md, for real: ``srun --ntasks=2 linkguard exec --dir DIR -- python
 WORKER`` on a private one-node Slurm cluster on 127.0.0.1 (tests/slurmcluster.py: its own
 munged, slurmctld and slurmd), with a real agent (simulated ports, in-memory bus) writing the
 files ``exec`` reads:

@@ -1,6 +1,6 @@
 """Settings an operator gets wrong, as a fresh user found them (each once accepted silently or
-refused with a misleading message): every one now loads as written in the README or is refused
-with exit 2 and a message that names the fix."""
+refused with a misleading message): every one now loads as written in docs/ (once the README)
+or is refused with exit 2 and a message that names the fix."""
 
 from __future__ import annotations
 

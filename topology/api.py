@@ -6,11 +6,13 @@ online), its change feed (:mod:`linkguard.topology.changes`), its last audit and
 documents and, when it has one, its ledger (``service.ledger``). Every handler is ``async``
 and runs on the service's event loop, so none reads the state while the service changes it.
 
-Produces (the contract with the dashboard; the README's "HTTP API" section lists it): JSON
+Produces (the contract with the dashboard; docs/api.md lists it): JSON
 documents under ``/api/v1``, a server-sent-events stream of changes (``/api/v1/stream``), one
 state-changing call (``PUT /api/v1/faults``, bearer token), the dashboard's files
 (``topology/dashboard/``: ``/`` and ``/dashboard/{file}``), Prometheus metrics (``/metrics``,
-from :mod:`linkguard.metrics`) and FastAPI's OpenAPI schema (``/openapi.json``, ``/docs``).
+from :mod:`linkguard.metrics`) and FastAPI's OpenAPI schema (``/openapi.json``, browsable at
+``/docs`` and ``/redoc`` with their JS and CSS served from the package under ``/docs-assets``:
+no request leaves for a CDN).
 
 Bad query parameters answer 422 with FastAPI's ``detail`` (which parameter, why): an empty
 ``host=`` too, and a parameter given more than once (``?drained_by=agent&drained_by=probe``:
@@ -34,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import structlog
 import uvicorn
@@ -42,16 +44,16 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from linkguard import __version__, topics
 from linkguard.config import ApiSettings, ConfigError
 from linkguard.ledger import MAX_TIME, LedgerError, NoRunError, parse_time
+from linkguard.metrics import ServiceMetrics
 from linkguard.models import AckResult, FabricFaults, PortState, PortStatus, encode
 from linkguard.topology.changes import KINDS, Change
-
-if TYPE_CHECKING:
-    from linkguard.topology.service import TopologyService
+from linkguard.topology.serviceview import ServiceView
 
 __all__ = ["DRAINED_BY", "SHOWN", "ApiBindError", "ApiServer", "create_app", "drained_by", "shown"]
 
@@ -59,6 +61,9 @@ log = structlog.get_logger(__name__)
 
 #: the dashboard's files (package data)
 DASHBOARD = Path(__file__).with_name("dashboard")
+#: where /docs and /redoc load Swagger UI's and ReDoc's files from (package data of
+#: fastapi-offline)
+DOCS_ASSETS = "/docs-assets"
 #: a comment line on an idle stream this often (s), so proxies and clients see it alive
 KEEPALIVE_S = 15.0
 #: what a stream client's EventSource waits before it reconnects (ms; SSE ``retry:``)
@@ -349,7 +354,7 @@ class _Port:
 class _Index:
     """Every HCA port of the fabric with its leaf, SU and cable rate, in fabric order."""
 
-    def __init__(self, service: "TopologyService") -> None:
+    def __init__(self, service: ServiceView) -> None:
         fabric = service.fabric
         switches = {s.name: s for s in fabric.switches}
         cable: dict[str, tuple[str, float | None]] = {}  # "host:hca/port" -> (leaf, rate)
@@ -384,7 +389,7 @@ class _Index:
         self.ports = [p for ports in self.by_host.values() for p in ports]
         self.places = {(p.host, p.key): p for p in self.ports}
 
-    def fabric_doc(self, service: "TopologyService") -> dict[str, Any]:
+    def fabric_doc(self, service: ServiceView) -> dict[str, Any]:
         fabric = service.fabric
         leaves = [s for s in fabric.switches if s.role == "leaf"]
         return {
@@ -479,7 +484,7 @@ def _last_event_id(value: str | None, seq: int) -> int | None:
 # -- the app --------------------------------------------------------------------------------------
 
 
-def create_app(service: "TopologyService") -> FastAPI:
+def create_app(service: ServiceView) -> FastAPI:
     """The API of ``service`` (see the module docstring). ``app.state.closing`` (an
     asyncio.Event, set by :meth:`ApiServer.stop`) ends every open stream;
     ``app.state.internal_errors`` counts the 500s (bugs); ``app.state.metrics``: the service's
@@ -500,7 +505,11 @@ def create_app(service: "TopologyService") -> FastAPI:
                 + "; give each once (every filter takes one value)",
             )
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI with /docs (Swagger UI) and /redoc served from the package's own
+    # copies of their JS and CSS under DOCS_ASSETS, not from a CDN (management networks are often
+    # air-gapped); everything else as FastAPI(...)
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS,
         dependencies=[Depends(one_value_each)],
         title="linkguard topology service",
         version=__version__,
@@ -988,15 +997,8 @@ def create_app(service: "TopologyService") -> FastAPI:
     return app
 
 
-def _service_metrics(service: "TopologyService") -> Any:
-    """:class:`linkguard.metrics.ServiceMetrics` of ``service``; None when this build has no
-    :mod:`linkguard.metrics`."""
-    try:
-        from linkguard.metrics import ServiceMetrics
-    except ModuleNotFoundError as exc:
-        if exc.name != "linkguard.metrics":
-            raise
-        return None
+def _service_metrics(service: ServiceView) -> ServiceMetrics:
+    """:class:`linkguard.metrics.ServiceMetrics` of ``service``."""
     return ServiceMetrics(service)
 
 
@@ -1040,7 +1042,7 @@ class ApiServer:
     :meth:`bind` (raises :class:`ApiBindError`), then ``await serve()`` (a task), then
     :meth:`shutdown`: open streams end, requests get :data:`GRACE_S` to finish."""
 
-    def __init__(self, service: "TopologyService", settings: ApiSettings) -> None:
+    def __init__(self, service: ServiceView, settings: ApiSettings) -> None:
         self.settings = settings
         self.app = create_app(service)
         self.port: int | None = None

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
-from linkguard.topology.fabric import (
+from linkguard.topology.fabricmodel import (
     MAX_ENDPOINTS_PER_HOST,
     NDR_GBPS,
     Fabric,

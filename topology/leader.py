@@ -36,15 +36,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
+from linkguard.config import ConfigError, EtcdLeaderSettings, LeaderSettings
 from linkguard.presence import DuplicateInstanceError
-
-if TYPE_CHECKING:
-    from linkguard.config import EtcdLeaderSettings, LeaderSettings
+from linkguard.topology.leader_k8s import KubernetesLease
+from linkguard.topology.leaserenewal import keep_lease
 
 __all__ = [
     "EtcdLease",
@@ -304,16 +303,12 @@ def leadership_from_settings(settings: LeaderSettings, *, fabric: str, identity:
     (``aetcd``) is not installed."""
     etcd: EtcdLeaderSettings | None = settings.etcd
     if settings.kubernetes is not None:  # a Lease object (linkguard.topology.leader_k8s)
-        from linkguard.topology.leader_k8s import KubernetesLease
-
         return KubernetesLease.from_settings(settings.kubernetes, fabric=fabric, identity=identity)
     if etcd is None:
         return SoleLeader()
     try:
-        import aetcd  # noqa: F401
+        import aetcd  # noqa: F401  # lazy: is the optional etcd client installed?
     except ImportError as exc:
-        from linkguard.config import ConfigError
-
         raise ConfigError(
             f"leader.etcd is configured but its client library is missing ({exc}): "
             "pip install 'aetcd>=1.0.0,<2'"
@@ -325,65 +320,6 @@ def leadership_from_settings(settings: LeaderSettings, *, fabric: str, identity:
         identity=identity,
         rpc_timeout_s=etcd.rpc_timeout_s,
     )
-
-
-class _Lease(Protocol):
-    """What :func:`keep_lease` needs of a lease holder (:class:`EtcdLease`,
-    :class:`~linkguard.topology.leader_k8s.KubernetesLease`)."""
-
-    deadline: float  # monotonic s: leadership ends here unless a renewal moves it
-    lost: asyncio.Event
-
-    @property
-    def ttl_s(self) -> float: ...
-    @property
-    def margin_s(self) -> float: ...
-    @property
-    def term(self) -> int | None: ...
-
-    def _lose(self, why: str) -> None: ...
-
-
-async def keep_lease(
-    lease: _Lease,
-    renew: Callable[[], Awaitable[str | None]],
-    *,
-    first_in_s: float,
-    granted_s: Callable[[], float],
-    failed: str,
-    deadline_missed: str,
-    on_error: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Renew ``lease`` every ``ttl_s/3`` (the first after ``first_in_s``) until it is lost.
-    ``renew`` returns None when this instance still leads, else why not (lost at once). A
-    renewal that raises is logged as ``failed`` and retried within 0.2 s (after ``on_error``);
-    each one that succeeds moves the local deadline to when it was *sent* + ``granted_s()`` -
-    ``margin_s`` (the server counts from its arrival, later), so leadership ends here before
-    the lease can expire there; at the deadline it is lost (``deadline_missed``)."""
-    interval = lease.ttl_s / 3
-    next_at = time.monotonic() + first_in_s
-    while not lease.lost.is_set():
-        now = time.monotonic()
-        if now >= lease.deadline:
-            lease._lose(deadline_missed)
-            return
-        if now < next_at:
-            await asyncio.sleep(min(next_at, lease.deadline) - now)
-            continue
-        sent = time.monotonic()
-        try:
-            why = await asyncio.wait_for(renew(), max(0.05, lease.deadline - sent))
-        except Exception as exc:
-            log.warning(failed, error=repr(exc)[:300], term=lease.term)
-            if on_error is not None:
-                await on_error()
-            next_at = time.monotonic() + min(0.2, interval)
-            continue
-        if why is not None:
-            lease._lose(why)
-            return
-        lease.deadline = max(lease.deadline, sent + granted_s() - lease.margin_s)
-        next_at = sent + interval
 
 
 class FencedBus:

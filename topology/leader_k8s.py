@@ -71,12 +71,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from linkguard.topology.leader import keep_lease
+from linkguard.config import ConfigError, KubernetesLeaderSettings
+from linkguard.topology.leaserenewal import keep_lease
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from linkguard.config import KubernetesLeaderSettings
 
 __all__ = [
     "SERVICE_ACCOUNT",
@@ -385,8 +384,6 @@ def in_cluster(env: Mapping[str, str] | None = None, root: Path = SERVICE_ACCOUN
     ``KUBERNETES_SERVICE_PORT`` (set in every pod), the token and ``ca.crt`` under ``root``,
     the namespace from ``root/namespace``. Raises :class:`~linkguard.config.ConfigError`
     naming what is missing (outside a pod, or ``automountServiceAccountToken: false``)."""
-    from linkguard.config import ConfigError
-
     env = os.environ if env is None else env
     host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
     if not host or not port:
@@ -472,8 +469,6 @@ class KubernetesLease:
         """The backend of ``leader.kubernetes``: the pod's access (:func:`in_cluster`) unless
         given; namespace defaults to the pod's, name to ``linkguard-<fabric>-leader``. Raises
         :class:`~linkguard.config.ConfigError` when either cannot be had."""
-        from linkguard.config import ConfigError
-
         access = access or in_cluster()
         namespace = settings.namespace or access.namespace
         if not namespace:
@@ -502,7 +497,7 @@ class KubernetesLease:
 
     def _http(self) -> Any:
         if self._client is None:
-            import httpx
+            import httpx  # lazy: loaded only where leader.kubernetes is configured
 
             verify: Any = True
             if self.access.ca_file is not None:

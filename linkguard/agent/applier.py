@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Protocol
 import structlog
 
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
+from linkguard.atomicfile import atomic_write
 from linkguard.drivers.neighbours import Neighbour
 from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
 from linkguard.models import Ack, AckResult, BadMessage, PeerRoutes, Plan, decode, expand_plan
@@ -233,30 +233,6 @@ def _state_file_refused(path: Path, exc: SignatureError) -> None:
         action="not applied; waiting for the service's signed copy",
         hint="the file was changed after it was received, or the service key changed",
     )
-
-
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` via a temporary file and rename: readers see the old or the
-    new content, never a mix. ``mode``: the rail map is world-readable (jobs read it)."""
-    # one writer per file (the agent's event loop): a fixed temporary name per process, not
-    # mkstemp's random one (its name generator cost more than the write at 256 agents)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileNotFoundError:  # the first write there
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, mode)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class Applier:

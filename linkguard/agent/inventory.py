@@ -19,6 +19,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from linkguard.config import PortConfig
+from linkguard.drivers.pci import read_pci_layout
+from linkguard.layout import LayoutError, annotate_inventory, load_nccl_topo
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 
 __all__ = [
@@ -159,13 +161,9 @@ def read_host_layout(*, nccl_topo_file: Path | None, sysfs: Path | None):
     the event loop). Raises :class:`~linkguard.layout.LayoutError` for an NCCL file that cannot
     be used; a bad sysfs value never raises (it is one of the layout's ``problems``)."""
     if nccl_topo_file is not None:
-        from linkguard.layout import load_nccl_topo
-
         return load_nccl_topo(nccl_topo_file)
     if sysfs is None or not (sysfs / "bus" / "pci" / "devices").is_dir():
         return None
-    from linkguard.drivers.pci import read_pci_layout
-
     return read_pci_layout(sysfs)
 
 
@@ -174,8 +172,6 @@ def with_layout(inv: HostInventory, layout) -> tuple[HostInventory, str | None]:
     ``pcie_switch`` per HCA, ``gpu_pcie_switch``, NUMA nodes left open), or ``(inv, why)`` with
     ``inv`` unchanged when the layout has nothing for this host (no GPU and no HCA of the
     inventory) or does not fit it (:class:`~linkguard.layout.LayoutError`). Never raises."""
-    from linkguard.layout import LayoutError, annotate_inventory
-
     if layout is None:
         return inv, "no layout source: no nccl_topo_file, no PCI sysfs tree"
     names = {h.hca for h in inv.hcas}

@@ -47,7 +47,7 @@ def bound_socket(netns: str, address: str, port: int) -> socket.socket:
     """A non-blocking UDP socket made and bound to ``(address, port)`` inside ``netns``.
     setns(2) moves only the calling thread, so a throwaway thread enters the namespace. Raises
     OSError (no such namespace, address not there, port in use)."""
-    from pyroute2 import netns as pr_netns
+    from pyroute2 import netns as pr_netns  # lazy: only the namespace lab's probers need it
 
     out: list[socket.socket | BaseException] = []
 

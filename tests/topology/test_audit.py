@@ -438,7 +438,7 @@ def test_a_fault_seen_by_two_sources_is_one_finding() -> None:
 def test_cli_audit_of_a_dump_and_a_fabric_file_reports_each_fault_once(
     tmp_path: Path, capsys
 ) -> None:
-    """The README's example, audited with its dump and its fabric file together."""
+    """The example of docs/fabric.md, audited with its dump and its fabric file together."""
     from linkguard.cli import main
 
     observed = write_observed(tmp_path)

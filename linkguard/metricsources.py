@@ -1,0 +1,170 @@
+"""What the metrics read when scraped: the agent and the topology service as typing protocols.
+
+:mod:`linkguard.metrics` sits below the agent (:mod:`linkguard.agent.daemon`) and the service
+(:mod:`linkguard.topology.service`), which create their metrics; it reads them through these
+protocols instead of importing their classes. Each member is what a scrape reads; the classes
+that satisfy them are named in each docstring (mypy checks that they do where the metrics are
+created).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sized
+from typing import Any, Protocol
+
+from linkguard.changerecord import ChangeRecord
+from linkguard.models import Ack, HostInventory, PortState
+
+__all__ = [
+    "AgentCounters",
+    "AgentSource",
+    "AppliedPlan",
+    "ChangeSubscription",
+    "FabricStateSource",
+    "LeadershipSource",
+    "NamedFabric",
+    "PortStates",
+    "ServiceSource",
+    "VerdictKind",
+    "Verdicts",
+]
+
+
+class PortStates(Protocol):
+    """The agent's port monitor (:class:`~linkguard.agent.monitor.PortMonitor`)."""
+
+    def state(self, key: str) -> PortState | None: ...
+
+
+class AppliedPlan(Protocol):
+    """The agent's applier (:class:`~linkguard.agent.applier.Applier`)."""
+
+    @property
+    def applied_epoch(self) -> int | None: ...
+    @property
+    def neighbours_flushed(self) -> int: ...
+
+
+class AgentCounters(Protocol):
+    """The agent's counters (:class:`~linkguard.agent.daemon.AgentStats`)."""
+
+    @property
+    def plans_applied(self) -> int: ...
+    @property
+    def plans_refused(self) -> Mapping[str, int]: ...
+    @property
+    def messages_dropped(self) -> Mapping[str, int]: ...
+    @property
+    def fast_paths(self) -> int: ...
+    @property
+    def states_published(self) -> int: ...
+
+
+class AgentSource(Protocol):
+    """An agent (:class:`~linkguard.agent.daemon.Agent`): its host, inventory, port monitor,
+    applier, counters and bus (read with ``getattr``: ``connected``, ``broker``, ...)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def inventory(self) -> HostInventory: ...
+    @property
+    def monitor(self) -> PortStates: ...
+    @property
+    def applier(self) -> AppliedPlan: ...
+    @property
+    def stats(self) -> AgentCounters: ...
+    @property
+    def bus(self) -> Any: ...
+
+
+class FabricStateSource(Protocol):
+    """The service's fabric state (:class:`~linkguard.topology.state.FabricState`)."""
+
+    @property
+    def host_names(self) -> Collection[str]: ...
+    @property
+    def online(self) -> Mapping[str, bool]: ...
+    @property
+    def ports(self) -> Mapping[tuple[str, str], PortState]: ...
+    @property
+    def acks(self) -> Mapping[str, Ack]: ...
+    @property
+    def away(self) -> Sized: ...
+    @property
+    def dirty(self) -> bool: ...
+    @property
+    def epoch(self) -> int: ...
+
+    def acked_epoch(self, host: str) -> int | None: ...
+    def pending_acks(self, hosts: Iterable[str] | None = None) -> Sized: ...
+
+
+class VerdictKind(Protocol):
+    """One raised probe verdict: its ``kind`` (``port`` or ``leaf``)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+class Verdicts(Protocol):
+    """The service's probe localizer (:class:`~linkguard.topology.localize.Localizer`)."""
+
+    @property
+    def active(self) -> Mapping[Any, VerdictKind]: ...
+
+
+class LeadershipSource(Protocol):
+    """The service's leader election (:class:`~linkguard.topology.leader.Leadership`)."""
+
+    @property
+    def term(self) -> int | None: ...
+
+    def is_leader(self) -> bool: ...
+
+
+class ChangeSubscription(Protocol):
+    """The service's change feed (:class:`~linkguard.topology.changes.ChangeFeed`)."""
+
+    @property
+    def listeners(self) -> int: ...
+
+    def subscribe(self, callback: Callable[[ChangeRecord], None]) -> Callable[[], None]: ...
+
+
+class NamedFabric(Protocol):
+    """The service's fabric (:class:`~linkguard.topology.fabric.Fabric`): name and hosts."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def hosts(self) -> Collection[HostInventory]: ...
+
+
+class ServiceSource(Protocol):
+    """A topology service (:class:`~linkguard.topology.service.TopologyService`)."""
+
+    @property
+    def audit_json(self) -> str | None: ...
+    @property
+    def fabric(self) -> NamedFabric: ...
+    @property
+    def changes(self) -> ChangeSubscription: ...
+    @property
+    def state(self) -> FabricStateSource: ...
+    @property
+    def localizer(self) -> Verdicts | None: ...
+    @property
+    def probe_inconclusive(self) -> Sized: ...
+    @property
+    def leadership(self) -> LeadershipSource: ...
+    @property
+    def solves(self) -> int: ...
+    @property
+    def plans_published(self) -> int: ...
+    @property
+    def dropped(self) -> Mapping[str, int]: ...
+    @property
+    def probe_pairs_unanswerable(self) -> int: ...
+    @property
+    def bus(self) -> Any: ...
