@@ -27,9 +27,9 @@ from linkguard.membus import MemoryBroker
 from linkguard.models import PortEvent, PortStatus
 from linkguard.simulations.fleet import SimulatedFleet
 from linkguard.topology import api as api_module
-from linkguard.topology.api import (
-    DASHBOARD,
-    ApiServer,
+from linkguard.topology import apistream
+from linkguard.topology.api import DASHBOARD, ApiServer
+from linkguard.topology.apishapes import (
     EventsPage,
     FabricDoc,
     HostDoc,
@@ -476,7 +476,7 @@ async def test_stream_delivers_a_link_down_resumes_and_lets_go(live: Live) -> No
 
 
 async def test_stream_keepalive(live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api_module, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(apistream, "KEEPALIVE_S", 0.05)
     async with live.client() as c, c.stream("GET", "/api/v1/stream") as r:
         sse = Sse(r)
         await sse.next()

@@ -17,7 +17,7 @@ from linkguard import topics
 from linkguard.config import ServiceSettings
 from linkguard.membus import MemoryBus
 from linkguard.models import PortState, PortStateName, PortStatus, encode
-from linkguard.topology.api import HostDoc, PortsPage, ProbeVerdictsDoc, SummaryDoc
+from linkguard.topology.apishapes import HostDoc, PortsPage, ProbeVerdictsDoc, SummaryDoc
 from linkguard.topology.probeplan import PortId
 from linkguard.topology.service import TopologyService
 from tests.support import until

@@ -10,11 +10,15 @@ import pytest
 
 from linkguard.config import AgentSettings, ServiceSettings
 from linkguard.configdocs import render_configuration
+from linkguard.metricsdocs import render_metrics
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize(("page", "render"), [("configuration.md", render_configuration)])
+@pytest.mark.parametrize(
+    ("page", "render"),
+    [("configuration.md", render_configuration), ("metrics.md", render_metrics)],
+)
 def test_generated_page_is_current(page: str, render) -> None:
     assert (DOCS / page).read_text() == render(), f"docs/{page} is stale: python tools/gendocs.py"
 

@@ -1,9 +1,10 @@
 """Write the generated documentation pages, or check that the committed copies are current.
 
-    python tools/gendocs.py          # write docs/configuration.md
+    python tools/gendocs.py          # write docs/configuration.md and docs/metrics.md
     python tools/gendocs.py --check  # exit 1, naming each stale page, when a copy differs
 
-The pages are rendered from the code (:mod:`linkguard.configdocs`: the settings models), so
+The pages are rendered from the code (:mod:`linkguard.configdocs`: the settings models;
+:mod:`linkguard.metricsdocs`: the metric declarations), so
 they cannot drift from it; ``tests/test_docs_current.py`` runs the same check in the suite.
 Needs linkguard installed (``pip install -e .``).
 """
@@ -16,12 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from linkguard.configdocs import render_configuration
+from linkguard.metricsdocs import render_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 
 #: each generated page (relative to the repository) -> what renders it
 PAGES: dict[str, Callable[[], str]] = {
     "docs/configuration.md": render_configuration,
+    "docs/metrics.md": render_metrics,
 }
 
 

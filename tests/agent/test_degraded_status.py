@@ -7,7 +7,7 @@ import pytest
 
 from linkguard.agent.railmap import degraded_ports, rail_view
 from linkguard.config import AgentSettings
-from linkguard.metrics import _UNUSABLE
+from linkguard.metrics import UNUSABLE as METRICS_UNUSABLE
 from linkguard.models import HCAInfo, HostInventory, PortState, PortStatus
 from linkguard.nccl import ib_hca, port_verdicts
 from linkguard.topology.api import shown
@@ -38,7 +38,7 @@ STATES = [
 def test_degraded_is_unusable_for_the_service_and_metrics() -> None:
     assert PortStatus("degraded") is PortStatus.DEGRADED
     assert PortStatus.DEGRADED in UNUSABLE
-    assert {s.value for s in UNUSABLE} == _UNUSABLE  # the metrics mirror the service's set
+    assert {s.value for s in UNUSABLE} == METRICS_UNUSABLE  # the metrics mirror the service's set
 
 
 def test_api_and_nccl_and_railmap_call_it_degraded() -> None:
