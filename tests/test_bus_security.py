@@ -264,7 +264,7 @@ async def test_a_host_publishes_its_own_state_but_not_another_hosts(secured: Sec
 def _sever(bus: Bus) -> None:
     """Cut ``bus``'s connection without an MQTT DISCONNECT (a crashed process): the broker
     publishes its last will. Reaches into aiomqtt/paho for the socket, as
-    linkguard.simulations.live does."""
+    linkguard.simulations.livebus does."""
     sock = bus._client._client.socket()  # type: ignore[union-attr]
     sock.shutdown(socket.SHUT_RDWR)
 

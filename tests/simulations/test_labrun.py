@@ -23,6 +23,7 @@ from linkguard.bus import BusMessage
 from linkguard.cli import main
 from linkguard.models import Ack, AckResult, Plan, encode
 from linkguard.simulations.lab import Lab
+from linkguard.simulations.labflows import flow_gap
 from linkguard.simulations.labprocs import (
     UDPFLOW,
     Flow,
@@ -33,7 +34,6 @@ from linkguard.simulations.labprocs import (
 )
 from linkguard.simulations.labrun import (
     LabRunError,
-    _gap,
     check_lab_scenario,
     choose_flows,
     run_lab,
@@ -86,10 +86,10 @@ def test_gap_reads_the_longest_silence_and_the_loss(tmp_path: Path) -> None:
     rows = [(s, 10.0 + s * 0.002) for s in range(250) if not 100 <= s < 150]
     out.write_text("".join(f"{s} {t:.6f}\n" for s, t in rows))
     flow = Flow(None, None, None, out)  # type: ignore[arg-type]
-    gap, lost, resumed = _gap(flow, 10.1, 10.4, 11.0)
+    gap, lost, resumed = flow_gap(flow, 10.1, 10.4, 11.0)
     assert (round(gap, 3), lost, resumed) == (102.0, 50, True)
     # a flow that never comes back is silent until the end of the run
-    gap, lost, resumed = _gap(flow, 10.45, 12.0, 13.0)
+    gap, lost, resumed = flow_gap(flow, 10.45, 12.0, 13.0)
     assert (round(gap), lost, resumed) == (2502, -1, False)
 
 
