@@ -5,18 +5,18 @@ Consumes: a ledger (:mod:`linkguard.ledger`): its runs, outages, port events, pl
 suppressions in a time window. Produces: a :class:`LedgerReport` (:func:`build_report`) with a
 JSON form (schema :data:`REPORT_SCHEMA`), a text table and CSV rows.
 
-The job cost is :mod:`linkguard.jobcost`'s, the one ``linkguard sim fleet`` uses, per transport
-(``ip``, ``nccl-ib``, ``nccl-ib-failover``; :data:`~linkguard.jobcost.TRANSPORTS`): the window's
-outages become :class:`~linkguard.jobcost.Outage` records, each with its ports (``outage_ports``)
-and, from ``port_events``, when each port was up again and when it was back in use (``up``
-after ``held_down`` / ``suppressed``), priced with the job model of the newest run in the
-window (:class:`~linkguard.failuremodel.FailureModel`; a service records its defaults), its GPU
-count and the window's length. So a ledger written by ``linkguard sim fleet --ledger`` reports
-the simulator's own numbers. Fused pairs (``nccl-ib-failover``) are those of a host laid out as
-the generator lays one out (:func:`~linkguard.jobcost.generated_fused_rails`): the ledger does
-not record host layouts. An outage whose reroute is ``pending`` or ``unconfirmed`` (an affected
-host never acked its new plan) is charged as without linkguard for ``ip`` (the RDMA transports'
-levers, fail-fast and ``nccl.env``, act on each host's own view).
+The job cost is :mod:`linkguard.transportcost`'s, the one ``linkguard sim fleet`` uses, per
+transport (``ip``, ``nccl-ib``, ``nccl-ib-failover``; :data:`~linkguard.jobcost.TRANSPORTS`): the
+window's outages become :class:`~linkguard.jobcost.Outage` records, each with its ports
+(``outage_ports``) and, from ``port_events``, when each port was up again and when it was back in
+use (``up`` after ``held_down`` / ``suppressed``), priced with the job model of the newest run in
+the window (:class:`~linkguard.failuremodel.FailureModel`; a service records its defaults), its GPU
+count and the window's length. So a ledger written by ``linkguard sim fleet --ledger`` reports the
+simulator's own numbers. Fused pairs (``nccl-ib-failover``) are those of a host laid out as the
+generator lays one out (:func:`~linkguard.jobcost.generated_fused_rails`): the ledger does not
+record host layouts. An outage whose reroute is ``pending`` or ``unconfirmed`` (an affected host
+never acked its new plan) is charged as without linkguard for ``ip`` (the RDMA transports' levers,
+fail-fast and ``nccl.env``, act on each host's own view).
 
 The window is one stretch from its start to its end: gaps between service runs count as time
 without outages. It is the ``since`` / ``until`` asked for, clamped to the runs that overlap
@@ -51,17 +51,7 @@ from typing import Any
 
 from linkguard.costreport import model_dict, quantiles, reroute_lines, transport_lines
 from linkguard.failuremodel import FailureModel
-from linkguard.jobcost import (
-    COMMON_ASSUMES,
-    TRANSPORTS,
-    Cost,
-    PricedTransports,
-    TransportCost,
-    assumptions,
-    generated_fused_rails,
-    needless,
-    price_transports,
-)
+from linkguard.jobcost import COMMON_ASSUMES, TRANSPORTS, Cost, generated_fused_rails, needless
 from linkguard.ledgerfile import LedgerError, NoRunError
 from linkguard.ledgerrows import (
     Run,
@@ -72,6 +62,7 @@ from linkguard.ledgerrows import (
     reroute_counts,
 )
 from linkguard.timestamps import MAX_TIME, iso
+from linkguard.transportcost import PricedTransports, TransportCost, assumptions, price_transports
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
 
