@@ -2,7 +2,7 @@
 a table per transport with its assumptions, the reroute lines, time-to-reroute quantiles and the
 model's JSON form.
 
-Consumes: :class:`~linkguard.jobcost.TransportCost` and
+Consumes: :class:`~linkguard.transportcost.TransportCost` and
 :class:`~linkguard.failuremodel.FailureModel`. Produces: text lines and dicts; no I/O.
 """
 
@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import asdict
 
 from linkguard.failuremodel import FailureModel
-from linkguard.jobcost import TITLES, Cost, TransportCost
+from linkguard.jobcost import TITLES, Cost
+from linkguard.transportcost import TransportCost
 
 __all__ = [
     "cost_rows",

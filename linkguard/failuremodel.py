@@ -4,7 +4,7 @@ with its source.
 Consumes: nothing (a frozen dataclass of defaults; override fields with
 :func:`dataclasses.replace`). Produces: :class:`FailureModel`, read by the fleet simulator
 (:mod:`linkguard.simulations.failures` draws faults at its rates) and by the per-transport
-pricing (:mod:`linkguard.jobcost`) that both ``linkguard sim fleet`` and ``linkguard report``
+pricing (:mod:`linkguard.transportcost`) that both ``linkguard sim fleet`` and ``linkguard report``
 use. It lives in ``linkguard/`` (not in the simulations package) because the ledger and its
 report read it too, and nothing but the CLI imports the simulations.
 
@@ -169,7 +169,7 @@ class FailureModel:
     the QP's first retransmission finds over costs no more than that one timeout's stall, as
     without linkguard, while a port still down then has a median repair of minutes
     (``repair_median_s``): the flaps this model draws last 0.5-3 s. 0 fails the job on every
-    loss; the report prices both (:mod:`linkguard.jobcost`)."""
+    loss; the report prices both (:mod:`linkguard.transportcost`)."""
     other_restarts: bool = True
     """The job also restarts for causes other than links (GPUs, hosts, software): at Llama 3's
     rate of its other unexpected interruptions (419 - 35 switch/cable - 7 NIC = 377 in 54 days

@@ -17,43 +17,12 @@ current rail map (``"kind": "current"``), then every change (``"kind": "change"`
 "error"`` before the agent cuts a slow reader. Produces: :class:`RailLost` (raised by
 :meth:`RailWatch.check`, handed to ``on_lost``), and optionally a signal or an exit.
 
-Which ports are this process's: ``ports`` when given (``"mlx5_0:1"``, ``"mlx5_0/1"`` or a bare
-``"mlx5_0"`` for all its ports), else the ``NCCL_IB_HCA`` of its environment, matched with
-NCCL's own rules (``^`` excludes, ``=`` exact names, else name prefixes; unset or empty: every
-port), which is what NCCL opens. Not the GPU's nearest NIC: NCCL spreads a rank's channels over
-every device ``NCCL_IB_HCA`` gives it (and PXN sends through other GPUs' NICs), and a collective
-stalls for every rank when one rank's queue pair does. A job that pins one NIC per rank sets
-``NCCL_IB_HCA`` per rank (the rail map's ``per_gpu_nccl_ib_hca``) and is watched per rank.
-``NCCL_IB_DISABLE=1`` or ``NCCL_NET=Socket``: no IB port is in use, nothing is watched.
-With NCCL's port failover on (``linkguard exec --profile failover``:
-``NCCL_IB_RESILIENCY_PORT_FAILOVER=1`` and the fused NICs of ``NCCL_NET_FORCE_MERGE``) the first
-loss inside a fused NIC does not fire: NCCL moves its queue pairs to the surviving member after
-the retry budget, a stall cheaper than a restart; a second loss in the same fused NIC (fatal to
-NCCL) fires for both, as does the loss of a port in no fused NIC. A member lost once counts as
-lost for the life of the watch, even after it comes back (a communicator is not assumed to take
-it back).
-
-When: once a lost port has stayed lost ``grace_s`` (default :func:`retransmit_timeout_s`, one
-RC retransmission timeout: 4.29 s at ``NCCL_IB_TIMEOUT=20``). A port back sooner costs its queue
-pairs one retransmission and no error, and firing would turn that blip into a restart, which
-costs far more (a restart, its rendezvous and half a checkpoint interval, against seconds of
-stall). A longer outage may still end before NCCL's budget, and then firing costs a restart the
-queue pairs would have ridden out: the trade ``linkguard report`` and ``sim fleet`` price for
-the ``nccl-ib`` transport ("with linkguard" is this default, "fail fast at once" is
-``grace_s=0``). Between the two, the watch thread keeps reading, so a return within the grace
-cancels (logged as ``jobwatch_blip``).
-
-Which changes fire: a port of this process in ``ports_down`` (``lost_on`` adds ``held_down``,
-``suppressed``, ``degraded``) that was not lost in the previous document: a port that goes down
-again after it came back fires again. Down is the default because a queue pair on a port that
-is down is doomed; one that is held down, suppressed or degraded is up, so NCCL's traffic on it
-still flows (it is left out of jobs starting now by ``linkguard exec``). The first document is
-the baseline (``initial="baseline"``): a port already down then is one NCCL did not open (it
-opens only ACTIVE ports), so start the watch before the communicator is created (before
-``init_process_group``); a watch started after it passes ``initial="fire"``. After a reconnect
-(the agent restarted) the new current map is compared with the last one seen, so a loss during
-the gap fires too; a current map of an agent without a view yet (``seq`` 0, reason ``none``)
-says nothing and is skipped.
+Which ports are this process's: ``ports`` when given, else its ``NCCL_IB_HCA`` as NCCL matches
+it. When it fires: once one of them has stayed down ``grace_s`` (default
+:func:`retransmit_timeout_s`, 4.29 s: a shorter blip is ridden out), unless NCCL's port
+failover covers the loss; the first document is the baseline. The rules in full, with their
+reasons (whose ports, the grace and its trade, which changes fire, the baseline, reconnects,
+fused NICs): ``docs/jobs.md``, section "The rules in full".
 
 Standard library only and self-contained: ``import linkguard.jobwatch`` loads nothing of
 linkguard's dependencies (``linkguard/__init__`` is stdlib-only too), and the file can be

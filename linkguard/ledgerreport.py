@@ -5,18 +5,18 @@ Consumes: a ledger (:mod:`linkguard.ledger`): its runs, outages, port events, pl
 suppressions in a time window. Produces: a :class:`LedgerReport` (:func:`build_report`) with a
 JSON form (schema :data:`REPORT_SCHEMA`), a text table and CSV rows.
 
-The job cost is :mod:`linkguard.jobcost`'s, the one ``linkguard sim fleet`` uses, per transport
-(``ip``, ``nccl-ib``, ``nccl-ib-failover``; :data:`~linkguard.jobcost.TRANSPORTS`): the window's
-outages become :class:`~linkguard.jobcost.Outage` records, each with its ports (``outage_ports``)
-and, from ``port_events``, when each port was up again and when it was back in use (``up``
-after ``held_down`` / ``suppressed``), priced with the job model of the newest run in the
-window (:class:`~linkguard.failuremodel.FailureModel`; a service records its defaults), its GPU
-count and the window's length. So a ledger written by ``linkguard sim fleet --ledger`` reports
-the simulator's own numbers. Fused pairs (``nccl-ib-failover``) are those of a host laid out as
-the generator lays one out (:func:`~linkguard.jobcost.generated_fused_rails`): the ledger does
-not record host layouts. An outage whose reroute is ``pending`` or ``unconfirmed`` (an affected
-host never acked its new plan) is charged as without linkguard for ``ip`` (the RDMA transports'
-levers, fail-fast and ``nccl.env``, act on each host's own view).
+The job cost is :mod:`linkguard.transportcost`'s, the one ``linkguard sim fleet`` uses, per
+transport (``ip``, ``nccl-ib``, ``nccl-ib-failover``; :data:`~linkguard.jobcost.TRANSPORTS`): the
+window's outages become :class:`~linkguard.jobcost.Outage` records, each with its ports
+(``outage_ports``) and, from ``port_events``, when each port was up again and when it was back in
+use (``up`` after ``held_down`` / ``suppressed``), priced with the job model of the newest run in
+the window (:class:`~linkguard.failuremodel.FailureModel`; a service records its defaults), its GPU
+count and the window's length. So a ledger written by ``linkguard sim fleet --ledger`` reports the
+simulator's own numbers. Fused pairs (``nccl-ib-failover``) are those of a host laid out as the
+generator lays one out (:func:`~linkguard.jobcost.generated_fused_rails`): the ledger does not
+record host layouts. An outage whose reroute is ``pending`` or ``unconfirmed`` (an affected host
+never acked its new plan) is charged as without linkguard for ``ip`` (the RDMA transports' levers,
+fail-fast and ``nccl.env``, act on each host's own view).
 
 The window is one stretch from its start to its end: gaps between service runs count as time
 without outages. It is the ``since`` / ``until`` asked for, clamped to the runs that overlap
@@ -51,21 +51,18 @@ from typing import Any
 
 from linkguard.costreport import model_dict, quantiles, reroute_lines, transport_lines
 from linkguard.failuremodel import FailureModel
-from linkguard.jobcost import (
-    COMMON_ASSUMES,
-    TRANSPORTS,
-    Cost,
-    Outage,
-    PricedTransports,
-    TransportCost,
-    assumptions,
-    generated_fused_rails,
-    needless,
-    price_transports,
-)
+from linkguard.jobcost import COMMON_ASSUMES, TRANSPORTS, Cost, generated_fused_rails, needless
 from linkguard.ledgerfile import LedgerError, NoRunError
-from linkguard.ledgerrows import Run, blank, outage_links, port_tables, read_runs
+from linkguard.ledgerrows import (
+    Run,
+    link_tables,
+    outage_links,
+    outage_rows,
+    read_runs,
+    reroute_counts,
+)
 from linkguard.timestamps import MAX_TIME, iso
+from linkguard.transportcost import PricedTransports, TransportCost, assumptions, price_transports
 
 __all__ = ["CSV_HEADER", "REPORT_SCHEMA", "LedgerReport", "build_report", "meta_reference"]
 
@@ -78,9 +75,6 @@ REPORT_SCHEMA = "linkguard.ledger-report/v2"
 
 #: The columns of :meth:`LedgerReport.csv_rows` (a long table: one value per row).
 CSV_HEADER = ("section", "item", "metric", "value")
-
-#: Rows of ``worst_links``.
-WORST_LINKS = 10
 
 
 def meta_reference() -> dict[str, object]:
@@ -507,44 +501,7 @@ def _build(
     rows = conn.execute(
         f"SELECT * FROM outages WHERE at >= ? AND {before_end} ORDER BY at, id", (start, end)
     ).fetchall()
-    found: list[Outage] = []
-    listed: list[dict[str, Any]] = []
-    unconfirmed = 0
-    for r in rows:
-        open_ = bool(r["open"]) or r["down_s"] is None
-        down_s = r["down_s"] if r["down_s"] is not None else round(max(end - r["at"], 0.0), 6)
-        not_confirmed = r["reroute"] in ("pending", "unconfirmed")
-        unconfirmed += not_confirmed
-        reroute_ms = r["reroute_ms"] if r["reroute"] == "done" else None
-        at_s = round(r["at"] - start, 6)
-        found.append(
-            Outage(
-                entry=int(r["id"]),
-                kind=r["kind"],
-                at_s=at_s,
-                down_s=float(down_s),
-                ports=int(r["ports"]),
-                open=open_,
-                # an unconfirmed reroute is charged as without linkguard
-                isolated=bool(r["isolated"]) or not_confirmed,
-                reroute_ms=reroute_ms,
-            )
-        )
-        listed.append(
-            {
-                "id": int(r["id"]),
-                "at": r["at"],
-                "at_s": at_s,
-                "kind": r["kind"],
-                "down_s": down_s,
-                "ports": int(r["ports"]),
-                "open": open_,
-                "isolated": bool(r["isolated"]),
-                "reroute": r["reroute"],
-                "reroute_ms": reroute_ms,
-                "cause": r["cause"],
-            }
-        )
+    found, listed, unconfirmed = outage_rows(rows, start, end)
     gpus = latest.gpus
     ports_of = outage_links(conn, rows, start, end, before_end)
     found = [replace(o, links=ports_of.get(o.entry, ())) for o in found]
@@ -572,22 +529,7 @@ def _build(
             if t in transports
         }
 
-    in_window = f"at >= ? AND {before_end}"
-    query = f"SELECT count(*) FROM plans WHERE {in_window}"
-    plans = conn.execute(query, (start, end)).fetchone()[0]
-    # the service emits a plans change per solve that re-plans; like the simulator, leave out
-    # each service run's initial build (its first plans change, stats.initial_epoch)
-    for r in window:
-        if r.source == "service" and "initial_epoch" in r.stats:
-            plans -= conn.execute(
-                f"SELECT count(*) FROM plans WHERE run_id = ? AND epoch = ? AND {in_window}",
-                (r.id, r.stats["initial_epoch"], start, end),
-            ).fetchone()[0]
-    reroutes = solves = int(plans)
-    for r in window:
-        if r.source == "simulation":
-            reroutes += r.stats.get("reroutes", 0)
-            solves += r.stats.get("solves", 0)
+    reroutes, solves = reroute_counts(conn, window, start, end, before_end)
     done = [o.reroute_ms for o in found if o.reroute_ms is not None]
     needless_count = sum(1 for o in found if needless(o, model))  # never one still open
     suppressions = conn.execute(
@@ -595,49 +537,9 @@ def _build(
         (start, end),
     ).fetchone()[0]
 
-    links, rails, leaves, port_downs = port_tables(conn, start, end, before_end)
-    ids = [o["id"] for o in listed]
-    for i in range(0, len(ids), 500):
-        chunk = ids[i : i + 500]
-        marks = ",".join("?" * len(chunk))
-        for p in conn.execute(
-            f"SELECT DISTINCT outage_id, rail, leaf, su FROM outage_ports"
-            f" WHERE outage_id IN ({marks})",
-            chunk,
-        ):
-            rails.setdefault(p["rail"], blank())["outage_ids"].add(p["outage_id"])
-            if p["leaf"] is not None:
-                leaf = leaves.setdefault(p["leaf"], blank(rail=p["rail"], su=p["su"]))
-                leaf["outage_ids"].add(p["outage_id"])
-    for rail in range(latest.rails):
-        rails.setdefault(rail, blank())
-    worst = sorted(
-        (x for x in links.values() if x["flaps"] > 0),
-        key=lambda x: (-x["flaps"], -x["down_s"], x["host"], x["hca"], x["port"]),
-    )[:WORST_LINKS]
-    per_rail = [
-        {
-            "rail": k,
-            "outages": len(v["outage_ids"]),
-            "flaps": v["flaps"],
-            "down_s": round(v["down_s"], 6),
-        }
-        for k, v in sorted(rails.items(), key=lambda x: (x[0] is None, x[0] or 0))
-    ]
-    per_leaf = [
-        {
-            "leaf": k,
-            "rail": v["rail"],
-            "su": v["su"],
-            "outages": len(v["outage_ids"]),
-            "flaps": v["flaps"],
-            "down_s": round(v["down_s"], 6),
-        }
-        for k, v in sorted(
-            leaves.items(),
-            key=lambda x: (x[1]["su"] is None, x[1]["su"] or 0, x[1]["rail"] or 0, x[0]),
-        )
-    ]
+    worst, per_rail, per_leaf, port_downs = link_tables(
+        conn, [o["id"] for o in listed], latest.rails, start, end, before_end
+    )
     return LedgerReport(
         ledger=path,
         since=start,
@@ -660,7 +562,7 @@ def _build(
         unconfirmed_reroutes=unconfirmed,
         port_downs=port_downs,
         suppressions=int(suppressions),
-        worst_links=[x | {"down_s": round(x["down_s"], 6)} for x in worst],
+        worst_links=worst,
         per_rail=per_rail,
         per_leaf=per_leaf,
         requested_since=requested[0],

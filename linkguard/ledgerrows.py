@@ -4,8 +4,9 @@ per-port flap and down-time tables, and each outage's ports with when they were 
 Consumes: an open ledger connection (rows as :class:`sqlite3.Row`, :mod:`linkguard.ledgerfile`'s
 tables). Produces: :class:`Run` records (:func:`read_runs`; :class:`~linkguard.ledger.
 LedgerError` names the row and field of an impossible value), the tables :func:`port_tables`
-builds and the :class:`~linkguard.jobcost.Link` records :func:`outage_links` gives
-:mod:`linkguard.ledgerreport`.
+and :func:`link_tables` build, the outages of a window (:func:`outage_rows`), its reroute and
+solve counts (:func:`reroute_counts`) and the :class:`~linkguard.jobcost.Link` records
+:func:`outage_links` gives :mod:`linkguard.ledgerreport`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linkguard.failuremodel import FailureModel
-from linkguard.jobcost import Link
+from linkguard.jobcost import Link, Outage
 from linkguard.ledgerfile import HEARTBEAT_S, LedgerError, model_from_json
 from linkguard.timestamps import MAX_TIME
 
@@ -25,11 +26,15 @@ __all__ = [
     "LINK_MATCH_S",
     "LIVE_WITHIN_S",
     "MAX_RAILS",
+    "WORST_LINKS",
     "Run",
     "blank",
+    "link_tables",
     "outage_links",
+    "outage_rows",
     "port_tables",
     "read_runs",
+    "reroute_counts",
 ]
 
 
@@ -276,3 +281,137 @@ def port_tables(
             leaf["down_s"] += x["down_s"]
     links = {k: v for k, v in links.items() if v["flaps"] or v["down_s"]}
     return links, rails, leaves, downs
+
+
+#: Rows of ``worst_links``.
+WORST_LINKS = 10
+
+
+def outage_rows(
+    rows: list[sqlite3.Row], start: float, end: float
+) -> tuple[list[Outage], list[dict[str, Any]], int]:
+    """The window's ``outages`` rows (``start``/``end``: the window, Unix s) as the job model's
+    :class:`~linkguard.jobcost.Outage` records (``at_s`` from ``start``; an open outage is down
+    until ``end``; an unconfirmed reroute is charged as isolated), the report's per-outage
+    dicts, and how many reroutes were ``pending`` or ``unconfirmed``."""
+    found: list[Outage] = []
+    listed: list[dict[str, Any]] = []
+    unconfirmed = 0
+    for r in rows:
+        open_ = bool(r["open"]) or r["down_s"] is None
+        down_s = r["down_s"] if r["down_s"] is not None else round(max(end - r["at"], 0.0), 6)
+        not_confirmed = r["reroute"] in ("pending", "unconfirmed")
+        unconfirmed += not_confirmed
+        reroute_ms = r["reroute_ms"] if r["reroute"] == "done" else None
+        at_s = round(r["at"] - start, 6)
+        found.append(
+            Outage(
+                entry=int(r["id"]),
+                kind=r["kind"],
+                at_s=at_s,
+                down_s=float(down_s),
+                ports=int(r["ports"]),
+                open=open_,
+                # an unconfirmed reroute is charged as without linkguard
+                isolated=bool(r["isolated"]) or not_confirmed,
+                reroute_ms=reroute_ms,
+            )
+        )
+        listed.append(
+            {
+                "id": int(r["id"]),
+                "at": r["at"],
+                "at_s": at_s,
+                "kind": r["kind"],
+                "down_s": down_s,
+                "ports": int(r["ports"]),
+                "open": open_,
+                "isolated": bool(r["isolated"]),
+                "reroute": r["reroute"],
+                "reroute_ms": reroute_ms,
+                "cause": r["cause"],
+            }
+        )
+    return found, listed, unconfirmed
+
+
+def reroute_counts(
+    conn: sqlite3.Connection, window: list[Run], start: float, end: float, before_end: str
+) -> tuple[int, int]:
+    """(reroutes, solves) in the window: the service's plans changes (each run's initial
+    build left out) plus a simulation run's own counts."""
+    in_window = f"at >= ? AND {before_end}"
+    query = f"SELECT count(*) FROM plans WHERE {in_window}"
+    plans = conn.execute(query, (start, end)).fetchone()[0]
+    # the service emits a plans change per solve that re-plans; like the simulator, leave out
+    # each service run's initial build (its first plans change, stats.initial_epoch)
+    for r in window:
+        if r.source == "service" and "initial_epoch" in r.stats:
+            plans -= conn.execute(
+                f"SELECT count(*) FROM plans WHERE run_id = ? AND epoch = ? AND {in_window}",
+                (r.id, r.stats["initial_epoch"], start, end),
+            ).fetchone()[0]
+    reroutes = solves = int(plans)
+    for r in window:
+        if r.source == "simulation":
+            reroutes += r.stats.get("reroutes", 0)
+            solves += r.stats.get("solves", 0)
+    return reroutes, solves
+
+
+def link_tables(
+    conn: sqlite3.Connection,
+    ids: list[int],
+    n_rails: int,
+    start: float,
+    end: float,
+    before_end: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The report's tables over the window: ``worst_links`` (the :data:`WORST_LINKS` ports
+    with the most flaps, then the longest down time), ``per_rail`` (every rail below
+    ``n_rails``, and any other a port reported) and ``per_leaf`` (outages among ``ids`` that
+    took a port of it down, flaps, down time in s rounded to µs), and the port downs."""
+    links, rails, leaves, port_downs = port_tables(conn, start, end, before_end)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        for p in conn.execute(
+            f"SELECT DISTINCT outage_id, rail, leaf, su FROM outage_ports"
+            f" WHERE outage_id IN ({marks})",
+            chunk,
+        ):
+            rails.setdefault(p["rail"], blank())["outage_ids"].add(p["outage_id"])
+            if p["leaf"] is not None:
+                leaf = leaves.setdefault(p["leaf"], blank(rail=p["rail"], su=p["su"]))
+                leaf["outage_ids"].add(p["outage_id"])
+    for rail in range(n_rails):
+        rails.setdefault(rail, blank())
+    worst = sorted(
+        (x for x in links.values() if x["flaps"] > 0),
+        key=lambda x: (-x["flaps"], -x["down_s"], x["host"], x["hca"], x["port"]),
+    )[:WORST_LINKS]
+    per_rail = [
+        {
+            "rail": k,
+            "outages": len(v["outage_ids"]),
+            "flaps": v["flaps"],
+            "down_s": round(v["down_s"], 6),
+        }
+        for k, v in sorted(rails.items(), key=lambda x: (x[0] is None, x[0] or 0))
+    ]
+    per_leaf = [
+        {
+            "leaf": k,
+            "rail": v["rail"],
+            "su": v["su"],
+            "outages": len(v["outage_ids"]),
+            "flaps": v["flaps"],
+            "down_s": round(v["down_s"], 6),
+        }
+        for k, v in sorted(
+            leaves.items(),
+            key=lambda x: (x[1]["su"] is None, x[1]["su"] or 0, x[1]["rail"] or 0, x[0]),
+        )
+    ]
+    worst = [x | {"down_s": round(x["down_s"], 6)} for x in worst]
+    return worst, per_rail, per_leaf, port_downs

@@ -6,13 +6,13 @@ Consumes: a :class:`~linkguard.simulations.failures.FleetTimeline` and the engin
 (:func:`fleet_report`) with a JSON form, a text table per transport and a PNG plot
 (:func:`plot`). :func:`simulate` does it all: generate, replay, report.
 
-An *outage* is one down transition of one timeline entry (a link going down, one down of a
-flap, a leaf reboot taking its ports down); its length is the longest down episode of the ports
-it took down (clipped at the end of the run), and it keeps each port's own episode and when
-linkguard used the port again (the engine's re-admissions: hold-down and suppression). The
-pricing per transport (``ip``, ``nccl-ib``, ``nccl-ib-failover``) is
-:mod:`linkguard.jobcost`'s, shared with ``linkguard report``; fused pairs come from each host's
-layout as ``linkguard nccl env --profile failover`` forms them.
+An *outage* is one down transition of one timeline entry (a link going down, one down of a flap, a
+leaf reboot taking its ports down); its length is the longest down episode of the ports it took down
+(clipped at the end of the run), and it keeps each port's own episode and when linkguard used the
+port again (the engine's re-admissions: hold-down and suppression). The pricing per transport
+(``ip``, ``nccl-ib``, ``nccl-ib-failover``) is :mod:`linkguard.transportcost`'s, shared with
+``linkguard report``; fused pairs come from each host's layout as ``linkguard nccl env --profile
+failover`` forms them.
 
 Clocks: every time here is on the simulated clock. The engine's time to reroute is the
 service's solve back-off (solving, publishing and applying take no simulated time), so each
@@ -34,23 +34,13 @@ from typing import TypedDict
 
 from linkguard.costreport import cost_rows, model_dict, quantiles, reroute_lines, transport_lines
 from linkguard.failuremodel import FailureModel
-from linkguard.jobcost import (
-    COMMON_ASSUMES,
-    TRANSPORTS,
-    Cost,
-    Link,
-    Outage,
-    PricedTransports,
-    TransportCost,
-    fused_rails,
-    needless,
-    price_transports,
-)
+from linkguard.jobcost import COMMON_ASSUMES, TRANSPORTS, Cost, Link, Outage, fused_rails, needless
 from linkguard.simulations.engine import WALL0, PortReturn, RunReport, return_rail, run
 from linkguard.simulations.failures import FleetTimeline, expected_counts, fleet_scenario
 from linkguard.simulations.scenario import Event, Expect, GenerateSpec, LoadedScenario, expand
 from linkguard.topology.fabric import Fabric, home_rails
 from linkguard.topology.solver import Solver, nic_load
+from linkguard.transportcost import PricedTransports, TransportCost, price_transports
 
 __all__ = [
     "REPORT_SCHEMA",
@@ -220,9 +210,10 @@ def worst_nic_load(loaded: LoadedScenario, found: list[Outage]) -> WorstNicLoad 
 class FleetReport(PricedTransports):
     """One fleet run (module docstring). :meth:`to_dict` is the JSON form (schema
     :data:`REPORT_SCHEMA`), :meth:`text` a table per transport. ``transports``: transport ->
-    its costs (:class:`~linkguard.jobcost.TransportCost`), in the order printed; ``transport``:
-    the one :attr:`with_linkguard` / :attr:`without_linkguard` repeat. ``returns``: the
-    engine's ports back in use (``{host, rail, at_s}``; the ledger records them)."""
+    its costs (:class:`~linkguard.transportcost.TransportCost`), in the order printed;
+    ``transport``: the one :attr:`with_linkguard` / :attr:`without_linkguard` repeat.
+    ``returns``: the engine's ports back in use (``{host, rail, at_s}``; the ledger records
+    them)."""
 
     hosts: int
     rails: int

@@ -11,16 +11,9 @@ from pathlib import Path
 import pytest
 
 from linkguard.failuremodel import IP_STALL_S, FailureModel, ip_stall_from_json
-from linkguard.jobcost import (
-    Link,
-    Outage,
-    fused_rails,
-    generated_fused_rails,
-    needless,
-    price,
-    price_transports,
-)
+from linkguard.jobcost import Link, Outage, fused_rails, generated_fused_rails, needless
 from linkguard.topology.generator import generate_rail_optimized
+from linkguard.transportcost import price, price_transports
 
 T = 4.096e-6 * 2**20  # 4.294967296 s: one RC retransmit timeout at NCCL_IB_TIMEOUT=20
 B = 7 * T  # 30.064771072 s: NCCL's budget at NCCL_IB_RETRY_CNT=7

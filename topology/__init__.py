@@ -6,7 +6,8 @@ shared peer routes (rail and route assignments with precomputed backups), signed
 configured; a change feed (:mod:`linkguard.topology.changes`) that the ledger
 (:mod:`linkguard.ledger`), the metrics and the HTTP API with its dashboard
 (:mod:`linkguard.topology.api`, ``dashboard/``) consume. The solver
-(:mod:`linkguard.topology.solver`) is pure: states in, plans out. So is the service's core
+(:mod:`linkguard.topology.solver`, with :mod:`.hostbase`, :mod:`.planmodels` and
+:mod:`.planlookup`) is pure: states in, plans out. So is the service's core
 (:mod:`.core`: messages and ticks with ``now`` in, :mod:`.effects` out; with :mod:`.integrity`,
 :mod:`.probedesk` and :mod:`.schedule`); :mod:`.service` wires it all and, with
 :mod:`.serviceio` and :mod:`.faultsio`, executes the effects.

@@ -59,6 +59,11 @@ their last rail. An exception that stays valid is kept rather than re-spread.
 
 Returning ports: the rules are static, so once a rail is usable again (after the agent's
 hold-down) every plan returns to exactly what it was before the failure, in one step.
+
+Here: the peer contributions and their incremental upkeep. A host's own part of its plan is
+:mod:`linkguard.topology.hostbase`; the pydantic models are built in
+:mod:`linkguard.topology.planmodels`; reading a plan back (:class:`PlanLookup`, :func:`egress`,
+:func:`nic_load`, :func:`load_report`) is :mod:`linkguard.topology.planlookup`, re-exported here.
 """
 
 from __future__ import annotations
@@ -68,112 +73,16 @@ from bisect import bisect_right, insort
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network
 
-from linkguard.models import (
-    Backup,
-    HCAInfo,
-    HostInventory,
-    PeerClass,
-    PeerRoutes,
-    Plan,
-    PrefixRoute,
-    RailAssignment,
-    RouteAssignment,
-    SharedRoutes,
-)
-from linkguard.topology.fabric import Fabric, home_rails
+from linkguard.models import PeerRoutes, Plan, SharedRoutes
+from linkguard.topology.fabric import Fabric
+from linkguard.topology.hostbase import HostBase, HostBases, IndexedHost, index_hosts
+from linkguard.topology.hostbase import multipath_rails as _multipath_rails
+from linkguard.topology.planlookup import PlanLookup, egress, load_report, nic_load
+from linkguard.topology.planmodels import Contrib, PlanModels, peer_routes_model
 
 __all__ = ["PlanLookup", "Solver", "egress", "load_report", "nic_load", "solve"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Host:
-    inv: HostInventory
-    pos: int
-    rails: tuple[int, ...]  # sorted
-    by_rail: dict[int, HCAInfo]
-    home: tuple[int, ...]  # home rail per GPU
-    gpu_numa: tuple[int | None, ...]
-    gpu_switch: tuple[str | None, ...]  # PCIe switch per GPU
-    # per GPU: (rank among the GPUs homed on the same rail, number of GPUs homed on that rail)
-    rank: tuple[tuple[int, int], ...]
-    # what the choice of a route depends on besides the usable sets: rail, netdev, NUMA node,
-    # PCIe switch
-    sig: tuple[tuple[int, str | None, int | None, str | None], ...]
-    rail_set: frozenset[int]
-    home_set: frozenset[int]
-
-
-def _index(fabric: Fabric) -> list[_Host]:
-    out = []
-    for pos, inv in enumerate(fabric.hosts):
-        by_rail = {c.rail: c for c in inv.hcas}
-        rails = tuple(sorted(by_rail))
-        home = tuple(home_rails(inv))
-        per_rail = Counter(home)
-        seen: Counter[int] = Counter()
-        rank = []
-        for r in home:
-            rank.append((seen[r], per_rail[r]))
-            seen[r] += 1
-        numa = []
-        switch = []
-        for g in range(len(inv.endpoints)):
-            v = inv.gpu_numa[g] if g < len(inv.gpu_numa) else None
-            if v is None and home:
-                v = by_rail[home[g]].numa_node
-            numa.append(v)
-            sw = inv.gpu_pcie_switch[g] if g < len(inv.gpu_pcie_switch) else None
-            if sw is None and home:
-                sw = by_rail[home[g]].pcie_switch
-            switch.append(sw)
-        sig = tuple(
-            (r, by_rail[r].netdev, by_rail[r].numa_node, by_rail[r].pcie_switch) for r in rails
-        )
-        out.append(
-            _Host(
-                inv,
-                pos,
-                rails,
-                by_rail,
-                home,
-                tuple(numa),
-                tuple(switch),
-                tuple(rank),
-                sig,
-                frozenset(rails),
-                frozenset(home),
-            )
-        )
-    return out
-
-
-def _rail_choices(h: _Host, usable: frozenset[int]) -> tuple[tuple[int, int], ...]:
-    """(GPU, rail of the HCA that carries it) for every GPU that has a usable HCA."""
-    moved: Counter[int] = Counter()
-    out = []
-    for g in range(len(h.home)):
-        r = h.home[g]
-        if r in usable:
-            x = r
-        else:
-            cands = [c for c in h.rails if c in usable]
-            if not cands:
-                continue
-            numa, sw = h.gpu_numa[g], h.gpu_switch[g]
-            x = min(
-                cands,
-                key=lambda c: (
-                    sw is None or h.by_rail[c].pcie_switch != sw,
-                    numa is None or h.by_rail[c].numa_node != numa,
-                    moved[c],
-                    c,
-                ),
-            )
-            moved[x] += 1
-        out.append((g, x))
-    return tuple(out)
 
 
 #: Default of :attr:`Solver.degraded_after`: below this, a rail lost on a few hosts stays in
@@ -185,23 +94,6 @@ DEGRADED_AFTER_HOSTS = 8
 #: Marker: the endpoint is delivered by the plan's prefix route (no /32 needed).
 _DEFAULT = "default"
 _NOTHING: tuple[tuple, tuple] = ((), ())
-
-
-#: What peer P adds to host H's plan: the rail choices of :meth:`Solver._template` (endpoints
-#: needing a /32 and the backups that change them); made into route models by :meth:`Solver.plan`.
-_Contrib = tuple[tuple, tuple]
-
-
-@dataclass(slots=True)
-class _Base:
-    """The part of H's plan that depends on H alone: rail assignments, prefix routes and the
-    backups' changes of both."""
-
-    usable: frozenset[int]
-    assignments: tuple[tuple[int, int], ...]  # (GPU, rail)
-    prefix_routes: tuple[PrefixRoute, ...]
-    # rail -> (changed (GPU, rail) assignments, changed prefix routes) when that rail goes down
-    backups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[PrefixRoute, ...]]]
 
 
 @dataclass
@@ -224,7 +116,7 @@ class Solver:
     shared: bool = True
 
     def __post_init__(self) -> None:
-        self._hosts = _index(self.fabric)
+        self._hosts = index_hosts(self.fabric)
         self._pos = {h.inv.host: h.pos for h in self._hosts}
         self.n = len(self._hosts)
         self.all_rails = frozenset(self.fabric.rails)
@@ -234,10 +126,8 @@ class Solver:
         )
         self._survivors: dict[tuple, tuple[int, ...]] = {}
         self._templates: dict[tuple, tuple[tuple, tuple]] = {}
-        self._route_cache: dict[tuple[int, int, int, str | None], RouteAssignment] = {}
-        self._prefix_cache: dict[tuple, tuple[PrefixRoute, ...]] = {}
-        self._base_cache: dict[tuple, _Base] = {}
-        self._ra_cache: dict[tuple[int, int, int], RailAssignment] = {}
+        self._bases = HostBases(self._subnets if self.prefix_mode else ())
+        self._models = PlanModels()
         given = {k: frozenset(v) for k, v in self.unusable.items()}
         self._usable = [
             frozenset(c for c in h.rails if c not in given.get(h.inv.host, ())) for h in self._hosts
@@ -248,7 +138,7 @@ class Solver:
             self._lacking.update(h.rail_set - self._usable[h.pos])
         self.degraded = self._degraded_rails()
         self._base = [self._make_base(h) for h in self._hosts]
-        self._contrib: list[dict[int, _Contrib]] = [{} for _ in self._hosts]
+        self._contrib: list[dict[int, Contrib]] = [{} for _ in self._hosts]
         # hosts grouped by (sig id, usable rails): a peer's contribution is the same for every
         # host of a group whose positions agree modulo the survivor counts (module docstring)
         sids: dict[tuple, int] = {}
@@ -374,7 +264,7 @@ class Solver:
     def _multipath(self, usable: frozenset[int]) -> frozenset[int]:
         """The rails a multipath prefix route spreads over: the usable ones that are not
         degraded, or all usable ones when that leaves none."""
-        return (usable - self.degraded) or usable
+        return _multipath_rails(usable, self.degraded)
 
     def _column(
         self, p: int, dirty: set[int], skip: Collection[tuple] = (), *, fresh: bool = False
@@ -470,37 +360,15 @@ class Solver:
         solver is not in shared mode. KeyError if unknown."""
         pos = self._index_of(name)
         ph = self._hosts[pos]
-        classes: list[PeerClass] = []
+        classes: list[Contrib] = []
         modulus = 1
         if self.shared_mode and pos in self._impaired:
             rep = self._hosts[self._ref_rep]
             uh = rep.rail_set
             a = len(uh & self._usable[pos])
             modulus = math.lcm(a, a - 1) if a > 1 else 1
-            for c in range(modulus):
-                plan_t, backups_t = self._template(rep, ph, uh=uh, offset=c)
-                classes.append(
-                    PeerClass.model_construct(
-                        routes=[v for g, x in plan_t for v in (g, -1 if x is None else x)],
-                        backups=[
-                            v
-                            for r, es in backups_t
-                            for g, x in es
-                            for v in (r, g, -1 if x is None else x)
-                        ],
-                    )
-                )
-        return PeerRoutes.model_construct(
-            host=ph.inv.host,
-            epoch=epoch,
-            issued_at=now,
-            position=pos,
-            modulus=modulus,
-            endpoints=[str(e) for e in ph.inv.endpoints],
-            home_rails=list(ph.home),
-            addresses={r: str(ph.by_rail[r].address) for r in ph.rails},
-            classes=classes,
-        )
+            classes = [self._template(rep, ph, uh=uh, offset=c) for c in range(modulus)]
+        return peer_routes_model(ph, classes, position=pos, modulus=modulus, epoch=epoch, now=now)
 
     def take_changed_compact(self) -> set[str]:
         """Hosts in shared mode whose :meth:`compact_plan` may have changed since the last
@@ -522,62 +390,15 @@ class Solver:
 
     def _plan(
         self,
-        h: _Host,
-        row: Mapping[int, _Contrib],
+        h: IndexedHost,
+        row: Mapping[int, Contrib],
         *,
         epoch: int,
         now: float,
         shared: SharedRoutes | None = None,
     ) -> Plan:
         base = self._base[h.pos]
-        routes: list[RouteAssignment] = []
-        unreachable: list[IPv4Address] = []
-        bk: dict[int, tuple[list[RouteAssignment], list[IPv4Address]]] = {
-            r: ([], []) for r in h.rails if r in base.usable
-        }
-        rm = self._route_model
-        for p in sorted(row):
-            plan_t, backups_t = row[p]
-            ph = self._hosts[p]
-            eps = ph.inv.endpoints
-            for g, x in plan_t:
-                if x is None:
-                    unreachable.append(eps[g])
-                else:
-                    routes.append(rm(h, ph, g, x))
-            for r, ents in backups_t:
-                rr, ww = bk[r]
-                for g, x in ents:
-                    if x is None:
-                        ww.append(eps[g])
-                    else:
-                        rr.append(rm(h, ph, g, x))
-        backups = []
-        for r, (rr, ww) in bk.items():
-            hca = h.by_rail[r]
-            ra, pr = base.backups[r]
-            backups.append(
-                Backup.model_construct(
-                    hca=hca.hca,
-                    port=hca.port,
-                    rail=r,
-                    rail_assignments=[self._ra_model(h, g, x) for g, x in ra],
-                    prefix_routes=list(pr),
-                    routes=rr,
-                    withdraw=ww,
-                )
-            )
-        return Plan.model_construct(
-            host=h.inv.host,
-            epoch=epoch,
-            issued_at=now,
-            rail_assignments=[self._ra_model(h, g, x) for g, x in base.assignments],
-            prefix_routes=list(base.prefix_routes),
-            routes=routes,
-            backups=backups,
-            unreachable=unreachable,
-            shared=shared,
-        )
+        return self._models.plan(h, base, row, self._hosts, epoch=epoch, now=now, shared=shared)
 
     def plans(
         self, names: Iterable[str] | None = None, *, epoch: int, now: float
@@ -599,66 +420,11 @@ class Solver:
         """Can P's endpoints need a /32 at some host? Always in explicit form."""
         return (not self.prefix_mode) or self._usable[p] != self.all_rails
 
-    def _prefix_routes(self, h: _Host, usable: frozenset[int]) -> tuple[PrefixRoute, ...]:
-        if not self.prefix_mode:
-            return ()
-        key = (h.sig, usable, self.degraded)
-        out = self._prefix_cache.get(key)
-        if out is not None:
-            return out
-        multi = sorted(self._multipath(usable))
-        routes = []
-        for d, net in self._subnets:
-            rails = [d] if d in usable else multi
-            routes.append(
-                PrefixRoute.model_construct(
-                    prefix=net,
-                    home_rail=d,
-                    rails=list(rails),
-                    netdevs=[h.by_rail[r].netdev for r in rails],
-                )
-            )
-        out = tuple(routes)
-        self._prefix_cache[key] = out
-        return out
-
-    def _make_base(self, h: _Host) -> _Base:
+    def _make_base(self, h: IndexedHost) -> HostBase:
         """H's base; shared by hosts with the same rails, NUMA and PCIe layout and usable set."""
-        u = self._usable[h.pos]
-        key = (h.sig, h.home, h.gpu_numa, h.gpu_switch, u, self.degraded)
-        base = self._base_cache.get(key)
-        if base is not None:
-            return base
-        ra = _rail_choices(h, u)
-        pr = self._prefix_routes(h, u)
-        backups = {}
-        before = dict(ra)
-        for r in h.rails:
-            if r not in u:
-                continue
-            less = u - {r}
-            ra2 = tuple((g, x) for g, x in _rail_choices(h, less) if before.get(g) != x)
-            pr2 = tuple(b for a, b in zip(pr, self._prefix_routes(h, less), strict=True) if a != b)
-            backups[r] = (ra2, pr2)
-        base = self._base_cache[key] = _Base(u, ra, pr, backups)
-        return base
+        return self._bases.base(h, self._usable[h.pos], self.degraded)
 
-    def _ra_model(self, h: _Host, g: int, x: int) -> RailAssignment:
-        key = (h.pos, g, x)
-        m = self._ra_cache.get(key)
-        if m is None:
-            hca = h.by_rail[x]
-            m = self._ra_cache[key] = RailAssignment.model_construct(
-                gpu=g,
-                endpoint=h.inv.endpoints[g],
-                hca=hca.hca,
-                port=hca.port,
-                rail=x,
-                home_rail=h.home[g],
-            )
-        return m
-
-    def _fill_row(self, h: _Host) -> None:
+    def _fill_row(self, h: IndexedHost) -> None:
         """H's contributions from every impaired peer (full build of one row)."""
         row = self._contrib[h.pos]
         for p in sorted(self._impaired):
@@ -697,15 +463,15 @@ class Solver:
             return d in up
         return self._multipath(uh) <= up
 
-    def _contribution(self, h: _Host, p: _Host) -> _Contrib | None:
+    def _contribution(self, h: IndexedHost, p: IndexedHost) -> Contrib | None:
         """P's contribution to H (None when it adds nothing)."""
         t = self._template(h, p)
         return None if t is _NOTHING or (not t[0] and not t[1]) else t
 
     def _template(
         self,
-        h: _Host,
-        p: _Host,
+        h: IndexedHost,
+        p: IndexedHost,
         *,
         uh: frozenset[int] | None = None,
         offset: int | None = None,
@@ -754,7 +520,9 @@ class Solver:
         self._templates[key] = t
         return t
 
-    def _order_survivors(self, failed: _Host, both: frozenset[int], r: int) -> tuple[int, ...]:
+    def _order_survivors(
+        self, failed: IndexedHost, both: frozenset[int], r: int
+    ) -> tuple[int, ...]:
         """Survivors on the failed HCA's PCIe switch first, then on its NUMA node, then the
         rest, each by rail."""
         key = (both, r, failed.sig)
@@ -776,7 +544,7 @@ class Solver:
         return s
 
     def _choose(
-        self, h: _Host, uh: frozenset[int], p: _Host, up: frozenset[int], g: int, o: int
+        self, h: IndexedHost, uh: frozenset[int], p: IndexedHost, up: frozenset[int], g: int, o: int
     ) -> int | None:
         """Egress rail for H -> endpoint g of P (see module docstring), None if none; ``o`` =
         (pos(H) - pos(P) - 1) mod N, or any number congruent to it modulo the survivor counts."""
@@ -792,26 +560,6 @@ class Solver:
             return None
         j, k = p.rank[g]
         return s[(offset * k + j) % len(s)]
-
-    def _route_model(self, h: _Host, p: _Host, g: int, x: int) -> RouteAssignment:
-        # Frozen models are shared between plans: one object per (peer, GPU, rail, netdev).
-        netdev = h.by_rail[x].netdev
-        key = (p.pos, g, x, netdev)
-        m = self._route_cache.get(key)
-        if m is None:
-            gateway = p.by_rail[x].address
-            assert gateway is not None  # a Fabric's every HCA has an address (its validation)
-            m = RouteAssignment.model_construct(
-                destination=p.inv.endpoints[g],
-                peer=p.inv.host,
-                peer_gpu=g,
-                rail=x,
-                home_rail=p.home[g],
-                netdev=netdev,
-                gateway=gateway,
-            )
-            self._route_cache[key] = m
-        return m
 
 
 def solve(
@@ -833,75 +581,3 @@ def solve(
     """
     s = Solver(fabric, unusable, degraded_after=degraded_after)
     return s.plans(hosts, epoch=epoch, now=now)
-
-
-class PlanLookup:
-    """The rails one plan sends destinations out of, by longest prefix: a destination's /32
-    route, else ``()`` when it is listed unreachable, else the rails of the prefix route
-    covering it (several = multipath, ``()`` = an unreachable prefix), else ``()`` (no route).
-    Indexes the plan once; :func:`egress` is the one-off form."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self._routes: dict[IPv4Address, tuple[int, ...]] = {
-            r.destination: (r.rail,) for r in plan.routes
-        }
-        self._unreachable = set(plan.unreachable)
-        self._prefixes = [(pr.prefix, tuple(pr.rails)) for pr in plan.prefix_routes]
-
-    def egress(self, destination: IPv4Address) -> tuple[int, ...]:
-        rails = self._routes.get(destination)
-        if rails is not None:
-            return rails
-        if destination in self._unreachable:
-            return ()
-        for prefix, rails in self._prefixes:
-            if destination in prefix:
-                return rails
-        return ()
-
-
-def egress(plan: Plan, destination: IPv4Address) -> tuple[int, ...]:
-    """The local rails ``plan`` sends ``destination`` out of (see :class:`PlanLookup`)."""
-    return PlanLookup(plan).egress(destination)
-
-
-def nic_load(
-    plan: Plan, fabric_endpoints_per_rail: Mapping[int, int] | None = None
-) -> dict[int, float]:
-    """Destinations carried per local egress rail of one plan (a multipath prefix route counts
-    1/n of its endpoints on each of its n rails; /32 exceptions count 1 on their rail and are
-    taken out of the prefix they override). ``fabric_endpoints_per_rail``: endpoints homed on
-    each rail in the whole fabric excluding this host's own (needed for prefix routes; without
-    it only /32 routes are counted)."""
-    load: dict[int, float] = {}
-    over: Counter[int] = Counter(r.home_rail for r in plan.routes)
-    over.update(Counter(_home_of_unreachable(plan)))
-    for r in plan.routes:
-        load[r.rail] = load.get(r.rail, 0) + 1
-    if fabric_endpoints_per_rail:
-        for pr in plan.prefix_routes:
-            n = fabric_endpoints_per_rail.get(pr.home_rail, 0) - over.get(pr.home_rail, 0)
-            for x in pr.rails:
-                load[x] = load.get(x, 0) + n / len(pr.rails)
-    return dict(sorted(load.items()))
-
-
-def _home_of_unreachable(plan: Plan) -> list[int]:
-    nets = {pr.home_rail: pr.prefix for pr in plan.prefix_routes}
-    out = []
-    for ep in plan.unreachable:
-        for d, net in nets.items():
-            if ep in net:
-                out.append(d)
-                break
-    return out
-
-
-def load_report(plans: Mapping[str, Plan]) -> dict[str, dict[int, int]]:
-    """Per host, the number of /32 routes per egress rail (rails with no route are left out).
-    For prefix-form plans see :func:`nic_load`."""
-    return {
-        host: dict(sorted(Counter(r.rail for r in plan.routes).items()))
-        for host, plan in plans.items()
-    }

@@ -4,6 +4,10 @@ Consumes :class:`~linkguard.drivers.base.PortObservation` batches from a driver.
 call, a :class:`MonitorOutput`: the :class:`~linkguard.models.PortState` of every port whose
 published state changed materially, the :class:`~linkguard.models.PortEvent` of every status
 transition, and the monotonic time at which :meth:`PortMonitor.tick` must run next.
+The decisions it takes from its siblings: a reading's usability before damping
+(:mod:`linkguard.agent.usability`), the re-admission check and the rate rule
+(:mod:`linkguard.agent.readmission`), and the per-port record and the ``PortState`` built from it
+(:mod:`linkguard.agent.portrecord`); counter health is :mod:`linkguard.agent.health`.
 
 Pure decision code: no clock, no I/O, no asyncio. Every method takes ``now`` (monotonic seconds,
 used for all decisions; ``PortObservation.monotonic`` is ignored) and ``wall`` (Unix seconds,
@@ -56,25 +60,26 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
 from linkguard.agent.health import CounterHealth, CounterHealthPolicy
+from linkguard.agent.portrecord import (
+    PortRecord,
+    build_state,
+    counter_baseline,
+    log_once,
+    material_key,
+    penalty_now,
+    status_reason,
+)
+from linkguard.agent.readmission import Readmission, gid_moves
+from linkguard.agent.usability import RawVerdict, raw_usability
 from linkguard.damping import DampingPolicy
 from linkguard.drivers.base import PortObservation
-from linkguard.models import (
-    DampingStatus,
-    LinkLayer,
-    PhysState,
-    PortEvent,
-    PortRef,
-    PortState,
-    PortStateName,
-    PortStatus,
-    port_rate_problem,
-)
+from linkguard.models import PortEvent, PortRef, PortState, PortStatus, port_rate_problem
 
 T = TypeVar("T")
 
@@ -89,10 +94,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-#: PortState field limits (linkguard.models): longer values are truncated / dropped, not fatal.
-_MAX_REASON = 200
-_MAX_COUNTERS = 256
-_MAX_RATE_GBPS = 100_000.0
 #: how far ahead of this clock a saved time may be before it is taken as a wrong clock (s)
 _CLOCK_SLACK_S = 60.0
 _NO_RAILS: Mapping[str, int] = MappingProxyType({})
@@ -115,116 +116,9 @@ class MonitorOutput:
     next_deadline: float | None = None
 
 
-class RawVerdict(NamedTuple):
-    """Instantaneous usability of one reading: ``usable`` None = unreadable (unknown)."""
-
-    usable: bool | None
-    reason: str | None
-
-
-_PHYS_REASON = {
-    PhysState.SLEEP: "phys_sleep",
-    PhysState.POLLING: "phys_polling",
-    PhysState.DISABLED: "phys_disabled",
-    PhysState.PORT_CONFIGURATION_TRAINING: "phys_training",
-    PhysState.LINK_ERROR_RECOVERY: "link_error_recovery",
-    PhysState.PHY_TEST: "phys_test",
-}
-
-
-def raw_usability(obs: PortObservation, *, link_layer: LinkLayer | None = None) -> RawVerdict:
-    """Classify one reading, before any damping (IBA vol. 1 14.2.5.6 PortState/PhysState).
-
-    InfiniBand: usable iff ``state`` ACTIVE and ``phys_state`` LinkUp (phys None = decide on
-    state alone). ACTIVE_DEFER -> "active_defer". INIT/ARMED with LinkUp (or phys unknown) ->
-    "no_sm": no subnet manager assignment, not a cable fault. Otherwise the reason names the
-    physical state ("phys_polling", "phys_disabled", "link_error_recovery", ...) or "state_down".
-    Without ``state`` the netdev carrier decides (IPoIB). Ethernet (RoCE): carrier decides when
-    known (False -> "no_carrier") and ``state`` must be ACTIVE when known; LID 0 / no SM is never
-    a fault there. ``state`` and ``carrier`` both None, or a NOP state (IBA: "no state change",
-    never a real reading), -> unknown with reason "unreadable: <first error>". A device or
-    netdev that is gone (``obs.present`` False) is a real fault: unusable, reason "absent: ...".
-    ``link_layer`` is the remembered one, used when the reading has none.
-    """
-    if not obs.present:
-        detail = obs.errors[0] if obs.errors else "device gone"
-        return RawVerdict(False, f"absent: {detail}"[:_MAX_REASON])
-    layer = obs.link_layer or link_layer
-    state = None if obs.state == PortStateName.NOP else obs.state
-    if state is None and obs.carrier is None:
-        detail = obs.errors[0] if obs.errors else f"state {obs.state.value if obs.state else None}"
-        return RawVerdict(None, f"unreadable: {detail}"[:_MAX_REASON])
-    if layer == LinkLayer.ETHERNET:
-        if obs.carrier is False:
-            return RawVerdict(False, "no_carrier")
-        if state is None or state == PortStateName.ACTIVE:
-            return RawVerdict(True, None)
-        return RawVerdict(False, f"state_{state.value.lower()}")
-    if state is None:  # IB port known only through its netdev (IPoIB)
-        return RawVerdict(True, None) if obs.carrier else RawVerdict(False, "no_carrier")
-    phys = obs.phys_state
-    if state == PortStateName.ACTIVE:
-        if phys is None or phys == PhysState.LINK_UP:
-            return RawVerdict(True, None)
-        return RawVerdict(False, _PHYS_REASON[phys])
-    if state == PortStateName.ACTIVE_DEFER:
-        return RawVerdict(False, "active_defer")
-    if phys is None or phys == PhysState.LINK_UP:
-        if state in (PortStateName.INIT, PortStateName.ARMED):
-            return RawVerdict(False, "no_sm")
-        return RawVerdict(False, "state_down")
-    return RawVerdict(False, _PHYS_REASON[phys])
-
-
-def gid_moves(before: Mapping[int, str], after: Mapping[int, str]) -> list[str]:
-    """The GID indexes that a job may no longer use as it did (``NCCL_IB_GID_INDEX``,
-    ``ib_write_bw -x``): each index of ``before`` (index -> GID, non-empty entries) that now
-    holds another GID or none, as ``"<index>: <old> -> <new or None>"``, by index. A GID value
-    may legitimately sit at two indexes (RoCE v1 and v2 entries), so indexes are compared, not
-    values; new entries at unused indexes are not moves."""
-    return [
-        f"{i}: {gid} -> {after.get(i)}" for i, gid in sorted(before.items()) if after.get(i) != gid
-    ]
-
-
 def _check_wall(wall: float) -> None:
     if not (math.isfinite(wall) and wall >= 0):
         raise ValueError(f"wall must be Unix seconds >= 0, got {wall!r}")
-
-
-@dataclass(eq=False)
-class _Port:
-    hca: str
-    port: int
-    rail: int | None
-    link_layer: LinkLayer | None = None
-    netdev: str | None = None
-    obs: PortObservation | None = None
-    raw: bool | None = None  # last readable verdict; None = never readable
-    raw_reason: str | None = None
-    unreadable: str | None = None  # set while the latest reading is unknown
-    status: PortStatus = PortStatus.UNKNOWN
-    flaps: int = 0
-    last_flap: float | None = None
-    hold_s: float = 0.0  # length of the running hold-down
-    hold_until: float | None = None
-    penalty: float = 0.0
-    penalty_at: float = 0.0
-    suppressed: bool = False
-    reuse_at: float | None = None
-    published: PortState | None = None
-    published_key: tuple | None = None
-    logged: set[str] = field(default_factory=set)
-    # counter health and re-admission (DEGRADED)
-    health_reason: str | None = None  # set while the counters are over a threshold
-    counted: bool = False  # the latest reading went to counter health as usable
-    awaiting_fresh: bool = False  # back with reused counters: the next re-read is a baseline
-    readmit_reason: str | None = None  # set while the re-admission or rate check fails
-    ref_rate: float | None = None  # highest rate (Gb/s) held rate_settle_s while not short
-    rate_since: float | None = None  # monotonic time (s) the current rate was first read
-    admitted_layer: LinkLayer | None = None  # link layer while last UP
-    admitted_gids: Mapping[int, str] | None = None  # GID table while last UP
-    gid_index_changed: bool = False
 
 
 class PortMonitor:
@@ -259,13 +153,14 @@ class PortMonitor:
         self.policy = policy
         self._rails = dict(rails or {})
         self._health = CounterHealth(health)
+        # re-admission after hold-down and the rate rule (DEGRADED); ValueError on a bad
+        # rate_settle_s
+        self._readmission = Readmission(
+            host=host, expected_rates=expected_rates, rate_settle_s=rate_settle_s
+        )
         #: "hca/port" -> the rate (Gb/s) the port must run at to be re-admitted UP
-        self._expected = dict(expected_rates or {})
-        self._expected_warned: set[str] = set()  # expected rate below a reading: said once
-        if not (math.isfinite(rate_settle_s) and rate_settle_s >= 0):
-            raise ValueError(f"rate_settle_s must be a finite number >= 0, got {rate_settle_s!r}")
-        self._rate_settle_s = float(rate_settle_s)
-        self._ports: dict[str, _Port] = {}
+        self._expected = self._readmission.expected
+        self._ports: dict[str, PortRecord] = {}
         self._rejected: set[str] = set()
         self._restored_rates: dict[str, float] = {}  # reference rates for ports not yet read
         self._seq = 0
@@ -392,7 +287,7 @@ class PortMonitor:
                 last_flap = m("last_flap")
                 if last_flap is not None and now >= last_flap + self.policy.quiet_period_s:
                     continue
-                p = _Port(hca=hca, port=int(port), rail=self._rails.get(key))
+                p = PortRecord(hca=hca, port=int(port), rail=self._rails.get(key))
                 p.raw = bool(h["raw"])
                 p.raw_reason = None if p.raw else "down before restart"
                 p.flaps = int(h["flaps"])
@@ -522,7 +417,7 @@ class PortMonitor:
         self._wall = wall
         return now
 
-    def _port_for(self, obs: PortObservation) -> _Port | None:
+    def _port_for(self, obs: PortObservation) -> PortRecord | None:
         key = obs.key
         p = self._ports.get(key)
         if p is not None:
@@ -534,12 +429,12 @@ class PortMonitor:
                 self._rejected.add(key)
                 log.warning("port_rejected", host=self.host, port=key, error=str(exc)[:300])
             return None
-        p = _Port(hca=obs.hca, port=obs.port, rail=self._rails.get(key))
+        p = PortRecord(hca=obs.hca, port=obs.port, rail=self._rails.get(key))
         p.ref_rate = self._restored_rates.pop(key, None)
         self._ports[key] = p
         return p
 
-    def _apply(self, p: _Port, obs: PortObservation, now: float) -> None:
+    def _apply(self, p: PortRecord, obs: PortObservation, now: float) -> None:
         previous_obs, p.obs = p.obs, obs
         if previous_obs is None or obs.rate_gbps != previous_obs.rate_gbps:
             p.rate_since = now
@@ -549,14 +444,15 @@ class PortMonitor:
             p.netdev = obs.netdev
         verdict = raw_usability(obs, link_layer=p.link_layer)
         usable = obs.present and verdict.usable is True
-        baseline = self._counter_baseline(p, previous_obs, obs, usable=usable)
+        baseline = counter_baseline(p, previous_obs, obs, usable=usable)
         self._health.observe(
             obs.key, obs.counters, obs.saturated, usable=usable, now=now, baseline=baseline
         )
         if not obs.present and p.raw is None:
             # never seen: a configuration mistake (a netdev or HCA name typo), not a fault that
             # should move traffic; a device that was there and vanished is a fault (DOWN)
-            self._log_once(
+            log_once(
+                self.host,
                 p,
                 "absent",
                 error=verdict.reason,
@@ -578,30 +474,7 @@ class PortMonitor:
             p.hold_s = self.policy.hold_down_for(p.flaps)
             p.hold_until = now + p.hold_s
 
-    @staticmethod
-    def _counter_baseline(
-        p: _Port, previous: PortObservation | None, obs: PortObservation, *, usable: bool
-    ) -> bool:
-        """Whether ``obs`` is the first counter re-read since the port came back (counter
-        health then takes it as a baseline only). Counter health itself takes the reading at
-        the edge as the baseline; but a driver may reuse counters between re-reads
-        (:attr:`PortObservation.counters_fresh` False: the sysfs driver reads them once a
-        second), so that reading may carry counters read while the port was down, and the
-        next re-read the rest of the training's errors: that re-read is the baseline then."""
-        back = usable and not p.counted and previous is not None  # not the first reading
-        p.counted = usable
-        if back:
-            p.awaiting_fresh = not obs.counters_fresh
-            return False
-        if not usable:
-            p.awaiting_fresh = False
-            return False
-        if p.awaiting_fresh and obs.counters_fresh:
-            p.awaiting_fresh = False
-            return True
-        return False
-
-    def _flap(self, p: _Port, now: float) -> None:
+    def _flap(self, p: PortRecord, now: float) -> None:
         pol = self.policy
         self._expire(p, now)
         self._health.flap(f"{p.hca}/{p.port}", now=now)
@@ -609,7 +482,7 @@ class PortMonitor:
         p.last_flap = now
         p.hold_until = None
         if pol.mode == "penalty":
-            p.penalty = min(pol.ceiling, self._penalty(p, now) + pol.penalty_per_flap)
+            p.penalty = min(pol.ceiling, penalty_now(p, self.policy, now) + pol.penalty_per_flap)
             p.penalty_at = now
             if p.penalty > pol.suppress_threshold:
                 p.suppressed = True
@@ -617,10 +490,7 @@ class PortMonitor:
                 p.reuse_at = now + pol.reuse_delay(p.penalty)
 
     # -- timers and status --------------------------------------------------------------------
-    def _penalty(self, p: _Port, now: float) -> float:
-        return self.policy.decayed(p.penalty, now - p.penalty_at) if p.penalty else 0.0
-
-    def _expire(self, p: _Port, now: float) -> None:
+    def _expire(self, p: PortRecord, now: float) -> None:
         """Clear what has run out at ``now``: flap history (quiet period) and suppression."""
         if p.last_flap is not None and now >= p.last_flap + self.policy.quiet_period_s:
             p.flaps = 0
@@ -629,7 +499,7 @@ class PortMonitor:
             p.suppressed = False
             p.reuse_at = None
 
-    def _target(self, p: _Port, now: float) -> PortStatus:
+    def _target(self, p: PortRecord, now: float) -> PortStatus:
         if p.raw is None:
             return PortStatus.UNKNOWN
         if p.unreadable is not None:
@@ -641,149 +511,19 @@ class PortMonitor:
         if p.hold_until is not None and now < p.hold_until:
             return PortStatus.HELD_DOWN
         if p.hold_until is not None:  # the hold-down is over: the re-admission check
-            self._readmit(p)
+            self._readmission.readmit(p)
         p.hold_until = None
         return self._up_or_degraded(p, now)
 
-    # -- degraded: counter health and re-admission ----------------------------------------------
-    def _up_or_degraded(self, p: _Port, now: float) -> PortStatus:
-        """UP, or DEGRADED while the counters, the re-admission check or the rate check say
-        so. The rate of a port not short of it (only upwards, once held ``rate_settle_s``)
-        and an UP port's link layer and GID table become the reference for its next
-        re-admission."""
-        key = f"{p.hca}/{p.port}"
-        health = self._health.evaluate(key, now=now)
+    # -- degraded: counter health, then re-admission and the rate rule -----------------------
+    def _up_or_degraded(self, p: PortRecord, now: float) -> PortStatus:
+        """UP, or DEGRADED while the counters (:mod:`linkguard.agent.health`), the
+        re-admission check or the rate check (:mod:`linkguard.agent.readmission`) say so."""
+        health = self._health.evaluate(p.key, now=now)
         p.health_reason = health.reason if health.degraded else None
-        o = p.obs
-        if p.readmit_reason is not None and o is not None:
-            layer_ok = p.admitted_layer is None or p.link_layer == p.admitted_layer
-            if self._readmit_rate(p, o) is None and layer_ok:
-                log.info(
-                    "port_readmission_recovered", host=self.host, port=key, was=p.readmit_reason
-                )
-                p.readmit_reason = None
-        expected = self._expected.get(key)
-        if (
-            expected is not None
-            and o is not None
-            and o.rate_gbps is not None
-            and o.rate_gbps > expected
-            and key not in self._expected_warned
-        ):  # a typo (40 for 400) turns the rate check off for this port: say so once
-            self._expected_warned.add(key)
-            log.warning(
-                "expected_rate_below_reading",
-                host=self.host,
-                port=key,
-                expected_gbps=expected,
-                read_gbps=o.rate_gbps,
-                hint="the port is held only to expected_rate_gbps; a slower retrain above it "
-                "goes unnoticed. Raise it to the rate the port should run at, or remove it",
-            )
-        if p.readmit_reason is None and o is not None:
-            # the rate rule while up: the same check as at re-admission, on every reading
-            p.readmit_reason = self._rate_short(p, o)
-            if p.readmit_reason is not None:
-                log.warning(
-                    "port_rate_below_reference", host=self.host, port=key, reason=p.readmit_reason
-                )
-        if p.readmit_reason is None and o is not None and self._layer_changed(p):
-            # a link-layer change too quick for the state poll: as at re-admission
-            p.readmit_reason = self._layer_reason(p)
-        if p.readmit_reason is None and self._rate_settled(p, now):
-            # a rate held for rate_settle_s (counters may be over a threshold: the rate is
-            # still right); one glitched reading (a retrain caught mid-way, a corrupt file)
-            # never becomes the bar the port is then held to
-            assert p.obs is not None and p.obs.rate_gbps is not None  # _rate_settled: both set
-            p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)
-        if p.readmit_reason is not None or p.health_reason is not None:
-            return PortStatus.DEGRADED
-        if o is not None:
-            p.admitted_layer = p.link_layer
-            if o.gids is not None:
-                p.admitted_gids = o.gids
-        return PortStatus.UP
+        return self._readmission.up_or_degraded(p, now)
 
-    def _rate_settled(self, p: _Port, now: float) -> bool:
-        o = p.obs
-        return (
-            o is not None
-            and bool(o.rate_gbps)
-            and p.rate_since is not None
-            and now - p.rate_since >= self._rate_settle_s
-        )
-
-    def _rate_deadline(self, p: _Port) -> float | None:
-        """When a rate above the port's reference becomes it (a tick is due then), else None."""
-        o = p.obs
-        if not p.raw or o is None or not o.rate_gbps or p.rate_since is None:
-            return None
-        if f"{p.hca}/{p.port}" in self._expected or o.rate_gbps <= (p.ref_rate or 0.0):
-            return None
-        return p.rate_since + self._rate_settle_s
-
-    def _ref_rate(self, p: _Port) -> float | None:
-        return self._expected.get(f"{p.hca}/{p.port}") or p.ref_rate
-
-    def _rate_short(self, p: _Port, o: PortObservation) -> str | None:
-        """``"rate 200 < 400 Gb/s"`` when ``o``'s rate is below the port's reference rate,
-        else None (rate unread, or no reference yet)."""
-        ref = self._ref_rate(p)
-        if o.rate_gbps is not None and ref is not None and o.rate_gbps < ref:
-            return f"rate {o.rate_gbps:g} < {ref:g} Gb/s"
-        return None
-
-    def _readmit_rate(self, p: _Port, o: PortObservation) -> str | None:
-        """:meth:`_rate_short`, and, for a port that has a learnt reference, an unread rate:
-        ``"rate unreadable (was 400 Gb/s)"``. A port is not re-admitted on a rate it cannot
-        show (the check would pass on nothing); one that never had a readable rate (the
-        netlink driver reads none) has no reference and is not held to one."""
-        short = self._rate_short(p, o)
-        if short is None and o.rate_gbps is None and p.ref_rate is not None:
-            return f"rate unreadable (was {self._ref_rate(p):g} Gb/s)"
-        return short
-
-    @staticmethod
-    def _layer_changed(p: _Port) -> bool:
-        """A link layer read that differs from the one the port had while last UP (an unread
-        one is no change while up)."""
-        return (
-            p.admitted_layer is not None
-            and p.link_layer is not None
-            and p.link_layer != p.admitted_layer
-        )
-
-    def _layer_reason(self, p: _Port) -> str:
-        """``"link_layer InfiniBand -> Ethernet"``, logged as ``port_link_layer_changed``."""
-        was = p.admitted_layer.value if p.admitted_layer else None
-        now_layer = p.link_layer.value if p.link_layer else None
-        key = f"{p.hca}/{p.port}"
-        log.warning("port_link_layer_changed", host=self.host, port=key, was=was, now=now_layer)
-        return f"link_layer {was} -> {now_layer}"
-
-    def _readmit(self, p: _Port) -> None:
-        """Compare the port coming back from hold-down with what it was while last UP (rate,
-        link layer, GID table); sets ``readmit_reason`` / ``gid_index_changed`` and logs."""
-        o, key = p.obs, f"{p.hca}/{p.port}"
-        if o is None:
-            return
-        rate_short = self._readmit_rate(p, o)
-        reasons = [] if rate_short is None else [rate_short]
-        if p.admitted_layer is not None and p.link_layer != p.admitted_layer:
-            reasons.append(self._layer_reason(p))
-        p.readmit_reason = "; ".join(reasons) or None
-        if p.readmit_reason is not None:
-            log.warning(
-                "port_readmission_degraded", host=self.host, port=key, reason=p.readmit_reason
-            )
-        if o.gids is not None and p.admitted_gids is not None:
-            moved = gid_moves(p.admitted_gids, o.gids)
-            p.gid_index_changed = bool(moved)
-            if moved:
-                log.warning("port_gid_index_changed", host=self.host, port=key, moved=moved[:16])
-            p.admitted_gids = o.gids
-
-    def _settle(self, p: _Port, now: float, wall: float, events: list[PortEvent]) -> None:
+    def _settle(self, p: PortRecord, now: float, wall: float, events: list[PortEvent]) -> None:
         self._expire(p, now)
         target = self._target(p, now)
         if target == p.status:
@@ -797,12 +537,12 @@ class PortMonitor:
                 rail=p.rail,
                 previous=previous,
                 current=target,
-                reason=self._reason(p),
+                reason=status_reason(p),
                 at=wall,
             )
         )
 
-    def _deadline(self, p: _Port, now: float) -> float | None:
+    def _deadline(self, p: PortRecord, now: float) -> float | None:
         times = []
         if p.hold_until is not None and p.raw and p.unreadable is None:
             times.append(p.hold_until)
@@ -813,7 +553,7 @@ class PortMonitor:
         health = self._health.next_deadline(f"{p.hca}/{p.port}", now=now)
         if health is not None:
             times.append(health)
-        rate = self._rate_deadline(p)
+        rate = self._readmission.rate_deadline(p)
         if rate is not None:
             times.append(rate)
         times = [t for t in times if t > now]
@@ -824,7 +564,7 @@ class PortMonitor:
         deadline: float | None = None
         for p in self._ports.values():
             self._settle(p, now, wall, events)
-            key = self._material(p)
+            key = material_key(p, self.policy)
             if key != p.published_key:
                 st = self._emit(p, now, wall)
                 if st is not None:
@@ -835,119 +575,15 @@ class PortMonitor:
         return MonitorOutput(states=states, events=events, next_deadline=deadline)
 
     # -- publishing ---------------------------------------------------------------------------
-    def _reason(self, p: _Port) -> str | None:
-        if p.unreadable is not None:
-            return p.unreadable
-        return {
-            PortStatus.DOWN: p.raw_reason,
-            PortStatus.HELD_DOWN: "hold_down",
-            PortStatus.SUPPRESSED: "suppressed",
-            PortStatus.DEGRADED: "; ".join(
-                r for r in (p.readmit_reason, p.health_reason) if r is not None
-            ),
-        }.get(p.status)
-
-    def _hold_display(self, p: _Port) -> float:
-        if p.hold_until is not None:
-            return p.hold_s
-        return self.policy.hold_down_for(p.flaps)
-
-    def _material(self, p: _Port) -> tuple:
-        o = p.obs
-        return (
-            p.status,
-            self._reason(p),
-            p.link_layer,
-            p.netdev,
-            o.state if o else None,
-            o.phys_state if o else None,
-            o.carrier if o else None,
-            o.rate_gbps if o else None,
-            tuple(sorted(o.saturated)) if o else (),
-            p.flaps,
-            p.suppressed,
-            self._hold_display(p),
-            p.gid_index_changed,
-        )
-
-    def _emit(self, p: _Port, now: float, wall: float) -> PortState | None:
+    def _emit(self, p: PortRecord, now: float, wall: float) -> PortState | None:
         self._seq += 1
         st = self._build(p, now, wall, self._seq)
         if st is None:
             self._seq -= 1
             return None
         p.published = st
-        p.published_key = self._material(p)
+        p.published_key = material_key(p, self.policy)
         return st
 
-    def _build(self, p: _Port, now: float, wall: float, seq: int) -> PortState | None:
-        o = p.obs
-        ends = [p.hold_until or now]
-        if p.suppressed and p.reuse_at is not None:
-            ends.append(p.reuse_at)
-        damping = DampingStatus(
-            flaps=p.flaps,
-            penalty=self._penalty(p, now),
-            suppressed=p.suppressed,
-            hold_down_s=self._hold_display(p),
-            hold_down_remaining_s=max(0.0, max(ends) - now),
-        )
-        # values checked by PortState's validation (below), not by their static types
-        fields: dict[str, Any] = {
-            "host": self.host,
-            "hca": p.hca,
-            "port": p.port,
-            "rail": p.rail,
-            "link_layer": p.link_layer,
-            "netdev": p.netdev,
-            "state": o.state if o else None,
-            "phys_state": o.phys_state if o else None,
-            "carrier": o.carrier if o else None,
-            "rate_gbps": o.rate_gbps if o else None,
-            "status": p.status,
-            "usable": p.status == PortStatus.UP,
-            "reason": (self._reason(p) or "")[:_MAX_REASON] or None,
-            "damping": damping,
-            "counters": dict(o.counters) if o else {},
-            "counters_saturated": sorted(o.saturated) if o else [],
-            "gid_index_changed": p.gid_index_changed,
-            "observed_at": wall,
-            "seq": seq,
-        }
-        try:
-            return PortState(**fields)
-        except ValidationError as exc:
-            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        self._log_once(p, "bad_values", fields=sorted(bad))
-        self._sanitize(fields, bad)
-        try:
-            return PortState(**fields)
-        except ValidationError as exc:  # pragma: no cover - host/hca/port were checked
-            self._log_once(p, "unpublishable", error=str(exc)[:300])
-            return None
-
-    @staticmethod
-    def _sanitize(fields: dict, bad: set[str]) -> None:
-        """Drop the values a PortState refuses (NaN/negative/huge rate, bad netdev name,
-        > 256 counters, non-int counter values) so one bad value never hides the port."""
-        if "rate_gbps" in bad:
-            rate = fields["rate_gbps"]
-            ok = isinstance(rate, int | float) and math.isfinite(rate)
-            fields["rate_gbps"] = rate if ok and 0 <= rate <= _MAX_RATE_GBPS else None
-        if "netdev" in bad:
-            fields["netdev"] = None
-        if "counters" in bad:
-            counters = {
-                k: (v if isinstance(v, int) and not isinstance(v, bool) else None)
-                for k, v in sorted(fields["counters"].items())
-                if isinstance(k, str)
-            }
-            fields["counters"] = dict(list(counters.items())[:_MAX_COUNTERS])
-        if "counters_saturated" in bad:
-            fields["counters_saturated"] = fields["counters_saturated"][:_MAX_COUNTERS]
-
-    def _log_once(self, p: _Port, what: str, **kw: object) -> None:
-        if what in p.logged:
-            return
-        p.logged.add(what)
-        log.warning("port_" + what, host=self.host, port=f"{p.hca}/{p.port}", **kw)
+    def _build(self, p: PortRecord, now: float, wall: float, seq: int) -> PortState | None:
+        return build_state(self.host, p, self.policy, now=now, wall=wall, seq=seq)

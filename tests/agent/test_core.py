@@ -405,7 +405,9 @@ def test_a_duplicate_that_started_first_makes_this_agent_yield() -> None:
 # -- purity --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["core", "effects", "plans", "monitor"])
+@pytest.mark.parametrize(
+    "module", ["core", "effects", "plans", "monitor", "usability", "readmission", "portrecord"]
+)
 def test_the_core_imports_no_bus_asyncio_clock_or_disk(module: str) -> None:
     path = Path(core_module.__file__).with_name(f"{module}.py")
     imported: set[str] = set()

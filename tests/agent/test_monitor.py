@@ -10,6 +10,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from linkguard.agent import monitor, readmission, usability
 from linkguard.agent.monitor import DampingPolicy, PortMonitor, raw_usability
 from linkguard.drivers.base import PortObservation
 from linkguard.models import LinkLayer, PhysState, PortStateName, PortStatus
@@ -331,3 +332,9 @@ def test_never_seen_device_is_a_config_mistake_not_a_fault(mon):
     assert mon.state("mlx5_0/1").status == PortStatus.UNKNOWN
     assert transitions(mon.observe([ib("ACTIVE")], now=1.0, wall=1001.0)) == ["unknown->up"]
     assert transitions(mon.observe([typo], now=2.0, wall=1002.0)) == ["up->down"]
+
+
+def test_the_moved_decisions_stay_importable_from_the_monitor() -> None:
+    assert monitor.raw_usability is usability.raw_usability
+    assert monitor.RawVerdict is usability.RawVerdict
+    assert monitor.gid_moves is readmission.gid_moves

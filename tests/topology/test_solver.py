@@ -15,7 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from linkguard.models import Backup, HostInventory, Plan, decode, encode
+from linkguard.topology import planlookup
+from linkguard.topology import solver as solver_module
 from linkguard.topology.fabric import Fabric, generate_rail_optimized, home_rails
+from linkguard.topology.hostbase import multipath_rails
 from linkguard.topology.solver import Solver, egress, load_report, nic_load, solve
 
 IP = ipaddress.IPv4Address
@@ -593,3 +596,14 @@ def test_irregular_host_with_fewer_rails() -> None:
     # h2 reaches h0's rail-2/3 endpoints over the rails both have.
     assert {r.rail for r in plans["h2"].routes} == {0, 1}
     assert all(p.unreachable == [] for p in plans.values())
+
+
+def test_the_plan_lookup_names_stay_importable_from_the_solver() -> None:
+    for name in ("PlanLookup", "egress", "load_report", "nic_load"):
+        assert getattr(solver_module, name) is getattr(planlookup, name)
+
+
+def test_a_multipath_leaves_out_degraded_rails_unless_none_would_be_left() -> None:
+    assert multipath_rails(frozenset({0, 1, 2}), frozenset({1})) == frozenset({0, 2})
+    assert multipath_rails(frozenset({1}), frozenset({1})) == frozenset({1})
+    assert multipath_rails(frozenset({0, 3}), frozenset()) == frozenset({0, 3})
