@@ -11,9 +11,9 @@ process (:class:`~linkguard.simulations.fleet.SimulatedFleet`), as the simulatio
 ``--procs N`` (Mosquitto only): the service here, the agents spread over N worker processes,
 closer to a fleet of separate hosts (the machine has 2 cores). Each fault: one random host
 port goes down; the fleet re-plans; the port comes back and is re-admitted after the
-hold-down; then the bench waits the service's ``solve_holddown_ms`` so that the next fault
+hold-down; then the bench waits the service's ``solve.holddown_ms`` so that the next fault
 meets a quiet back-off (RFC 8405: a change within that time of the last is batched for
-``solve_long_delay_ms``).
+``solve.long_ms``).
 
 Per fault, from ``link_down`` (t0, monotonic, shared by the processes): the agent's fast path
 (its ack's ``applied_at``), the first and the last ``applied`` ack of the plan epoch that
@@ -57,7 +57,7 @@ from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
 from linkguard.bus import Bus, BusMessage
-from linkguard.config import ApiSettings, BusSettings, ServiceSettings
+from linkguard.config import ApiSettings, BusSettings, ServiceSettings, SolveSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import Ack, AckResult, PortState, PortStatus
 from linkguard.simulations.fleet import SimulatedFleet, agent_settings_for, wait_until
@@ -406,7 +406,7 @@ async def _run(
 
         bus_factory = MemoryBroker().bus_factory  # type: ignore[assignment]
     damping = DampingPolicy(hold_down_initial_s=args.hold_down, hold_down_max_s=args.hold_down)
-    debounce_ms = ServiceSettings.model_fields["debounce_ms"].default
+    debounce_ms = SolveSettings.model_fields["short_ms"].default
     rng = random.Random(args.seed)
     try:
         t_start = time.monotonic()
@@ -419,7 +419,7 @@ async def _run(
                 damping=damping,
                 settings=ServiceSettings(
                     bus=bus,
-                    debounce_ms=debounce_ms,
+                    solve=SolveSettings(short_ms=debounce_ms),
                     startup_settle_s=0.2,
                     api=ApiSettings(enabled=False),
                 ),
@@ -442,12 +442,8 @@ async def _run(
             where = "service and agents in one process"
         service = fleet.service
         svc = service.settings
-        holddown_s = getattr(svc, "solve_holddown_ms", 0.0) / 1000
-        delays = [
-            getattr(svc, k)
-            for k in ("solve_initial_delay_ms", "debounce_ms", "solve_long_delay_ms")
-            if hasattr(svc, k)
-        ]
+        holddown_s = svc.solve.holddown_ms / 1000
+        delays = [svc.solve.initial_ms, svc.solve.short_ms, svc.solve.long_ms]
         probe.attach(service)
 
         async def acked(floor: int) -> None:

@@ -8,7 +8,7 @@ real H100 node's /sys/class/infiniband (../shared/fixtures/real/leptonai-gpud: m
 InfiniBand NDR; the RoCE bond is left out), so every poll reads real files: state, phys_state,
 rate and link_layer of each port every ``--poll-ms`` (default: the agent's, 100 ms), its
 counters every second. It talks to a private Mosquitto on a free loopback port and keeps its
-routes in memory (apply_routes: false: no root, the host's routing is left alone); its Prometheus
+routes in memory (routes.apply: false: no root, the host's routing is left alone); its Prometheus
 exporter runs on a free loopback port, as in production.
 
 Measured over the same window, started together (each a separate process, read from outside
@@ -124,7 +124,7 @@ def write_config(work: Path, tree: Path, broker_port: int, poll_ms: float | None
         "sysfs_root": str(tree),
         "bus": {"host": "127.0.0.1", "port": broker_port},
         "ports": [{"hca": h, "port": 1, "rail": r} for r, h in enumerate(HCAS)],
-        "apply_routes": False,
+        "routes": {"apply": False},
         "state_dir": str(work / "state"),
         "rail_map_path": str(work / "run/rail-map.json"),
         "metrics_listen": f"127.0.0.1:{free_port()}",

@@ -55,7 +55,7 @@ from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.agent.railmap import RailView, document
 from linkguard.broker import free_port
-from linkguard.config import BusSettings
+from linkguard.config import BusSettings, RailsSocketSettings
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.jobenv import read_host_nccl
 from linkguard.jobwatch import nccl_retry_budget_s
@@ -164,7 +164,7 @@ async def agent(workdir: Path) -> AsyncIterator[Rig]:
     damping = DampingPolicy(hold_down_initial_s=0.3, hold_down_max_s=1.0, quiet_period_s=2.0)
     settings = agent_settings_for(
         FABRIC, HOST, bus=BusSettings(), workdir=workdir, damping=damping
-    ).model_copy(update={"rails_socket": sock})
+    ).model_copy(update={"rails_socket": RailsSocketSettings(path=sock)})
     source = SimulatedPortSource([active_port(h.hca, h.port) for h in FABRIC.host(HOST).hcas])
     a = Agent(
         settings,

@@ -187,7 +187,7 @@ async def run_side(linkguard: bool, args: argparse.Namespace, wd: Path) -> Side:
     lab = Lab.from_fabric(fabric, management=True)
     broker = MosquittoProcess(wd / "broker").start() if linkguard else None
     procs, obs = Procs(wd), Observer()
-    holddown_s = ServiceSettings().solve_holddown_ms / 1000
+    holddown_s = ServiceSettings().solve.holddown_ms / 1000
     job: LabJob | None = None
     try:
         bus = None

@@ -13,7 +13,7 @@ record's arrival, so its gap reads like the UDP one; TCP loses nothing, it delay
 every host acked the resulting plans and both UDP flows deliver again, and (up to
 ``--tcp-wait-s``) both TCP flows; the link comes back; wait for its re-admission (hold-down
 0.5 s) to be acked and the TCP flows to deliver; then let the bus stay quiet for the service's
-solve_holddown_ms, so every fault meets the service's back-off in QUIET, as a first failure
+solve.holddown_ms, so every fault meets the service's back-off in QUIET, as a first failure
 after a stable period does.
 
 Prints p50/p99/max over the faults of: the gap (ms) and datagrams lost in the flow into the
@@ -25,7 +25,7 @@ before the link came back (a TCP gap of seconds, TCP's retransmission back-off, 
 segment sent just before the reroute waited on the dead rail's unresolved ARP entry: the
 agents' ``routes.neighbour_flush`` deletes it). The target is p99 < 50 ms
 for the UDP gap; whether it is met is printed next to it. ``--service
-solve_initial_delay_ms=0`` (repeatable) runs the service with other settings, ``--agent-set
+solve.initial_ms=0`` (repeatable) runs the service with other settings, ``--agent-set
 routes.rto_min_ms=20`` the agents (a setting this linkguard's agent must know), to see what a
 setting buys. Progress on stderr.
 """
@@ -41,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -242,7 +243,8 @@ async def main() -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a topology service setting for this run (e.g. solve_initial_delay_ms=0)",
+        help="a topology service setting for this run (dotted keys enter sections, e.g. "
+        "solve.initial_ms=0; VALUE is YAML)",
     )
     ap.add_argument(
         "--agent-set",
@@ -262,16 +264,22 @@ async def main() -> int:
     fabric = generate_rail_optimized(hosts=4, rails=4, hosts_per_su=4, spines_per_su=2)
     wd = args.workdir or Path(tempfile.mkdtemp(prefix="lab-gap-"))
     wd.mkdir(parents=True, exist_ok=True)
-    extra = {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args.service)}
+    extra: dict[str, Any] = {}
+    for k, v in (a.split("=", 1) for a in args.service):
+        *sections, key = k.split(".")
+        node = extra
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = yaml.safe_load(v)
     agent_extra = agent_overrides(
         {k: yaml.safe_load(v) for k, v in (a.split("=", 1) for a in args.agent_set)}
     )
     svc = ServiceSettings(**extra)
-    holddown_s = svc.solve_holddown_ms / 1000
+    holddown_s = svc.solve.holddown_ms / 1000
     say(
         f"lab_gap: 4 hosts x 4 rails, {args.faults} faults of {VICTIM} rail {RAIL}, flows every "
-        f"{args.interval_ms:g} ms; service debounce {svc.debounce_ms:g} ms, initial delay "
-        f"{svc.solve_initial_delay_ms:g} ms, holddown {holddown_s:g} s; workdir {wd}"
+        f"{args.interval_ms:g} ms; service debounce {svc.solve.short_ms:g} ms, initial delay "
+        f"{svc.solve.initial_ms:g} ms, holddown {holddown_s:g} s; workdir {wd}"
     )
     configure_logging("console", "warning")
     broker = MosquittoProcess(wd / "broker").start()

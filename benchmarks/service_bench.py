@@ -31,7 +31,7 @@ from structlog.testing import capture_logs
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage
-from linkguard.config import ApiSettings, BusSettings, ServiceSettings
+from linkguard.config import ApiSettings, BusSettings, ServiceSettings, SolveSettings
 from linkguard.models import PortState, PortStatus, encode
 from linkguard.topology.generator import generate_rail_optimized
 from linkguard.topology.service import TopologyService
@@ -97,7 +97,7 @@ async def _run(args: argparse.Namespace) -> None:
             service = TopologyService(
                 ServiceSettings(
                     bus=bus,
-                    debounce_ms=args.debounce_ms,
+                    solve=SolveSettings(short_ms=args.debounce_ms),
                     startup_settle_s=0,
                     api=ApiSettings(enabled=False),
                 ),
@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument(
         "--debounce-ms",
         type=float,
-        default=ServiceSettings.model_fields["debounce_ms"].default,
+        default=SolveSettings.model_fields["short_ms"].default,
         help="the service's batching window (default: the service's default)",
     )
     args = ap.parse_args()

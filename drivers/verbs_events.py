@@ -217,7 +217,7 @@ def reader_wanted(mode: str, *, driver: str, sysfs_root: Path) -> tuple[bool, st
     """Whether the agent runs the reader, and why: ``mode`` "off" never; "auto" only with the
     sysfs driver and at least one device directory under ``sysfs_root``."""
     if mode == "off":
-        return False, "verbs_events is off"
+        return False, "verbs.events is off"
     if driver != "sysfs":
         return False, f"driver {driver!r} (verbs events trigger sysfs re-reads)"
     try:
@@ -306,8 +306,8 @@ class VerbsEventReader:
             if self._line_count == lines and not why:  # not a word: not the reader at all?
                 hint = (
                     f"the reader printed nothing: is {self.argv[0]} a Python with rdma-core's "
-                    f"pyverbs (try: {self.argv[0]} -c 'import pyverbs')? Set verbs_python, or "
-                    f"verbs_events: off; {hint}"
+                    f"pyverbs (try: {self.argv[0]} -c 'import pyverbs')? Set verbs.python, or "
+                    f"verbs.events: off; {hint}"
                 )
             log.warning(
                 "verbs_reader_exited",
@@ -338,7 +338,7 @@ class VerbsEventReader:
                 "verbs_events_off",
                 reason="reader cannot start",
                 error=str(exc)[:300],
-                hint="set verbs_python to the python that has pyverbs, or verbs_events: off",
+                hint="set verbs.python to the python that has pyverbs, or verbs.events: off",
             )
             return None, ""
         except OSError as exc:

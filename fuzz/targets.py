@@ -850,7 +850,7 @@ def _config_seeds() -> list[bytes]:
     )
     agent_doc = yaml.safe_dump(agent.model_dump(mode="json", exclude_defaults=True)).encode()
     service_doc = yaml.safe_dump(
-        ServiceSettings(debounce_ms=50, generate={"hosts": 4, "rails": 2}).model_dump(
+        ServiceSettings(solve={"short_ms": 50}, generate={"hosts": 4, "rails": 2}).model_dump(
             mode="json", exclude_defaults=True
         )
     ).encode()

@@ -1,5 +1,5 @@
 """The solve back-off's delays, RFC 8405's names in ms (:class:`BackoffPolicy`: the service's
-``solve_*`` settings).
+``solve:`` settings).
 
 Consumes: settings. Produces: the policy the service's solve scheduler
 (:class:`linkguard.topology.backoff.SolveBackoff`) and the simulation engine apply. Here, below
@@ -16,7 +16,7 @@ __all__ = ["BackoffPolicy"]
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
     """Delays in ms, with RFC 8405's names: INITIAL_SPF_DELAY (``initial_ms``),
-    SHORT_SPF_DELAY (``short_ms``, the service's ``debounce_ms``), LONG_SPF_DELAY
+    SHORT_SPF_DELAY (``short_ms``), LONG_SPF_DELAY
     (``long_ms``), TIME_TO_LEARN_INTERVAL (``time_to_learn_ms``), HOLDDOWN_INTERVAL
     (``holddown_ms``). Raises ValueError for a negative delay or ``holddown_ms`` below
     ``time_to_learn_ms`` (the RFC requires HOLDDOWN >= TIME_TO_LEARN)."""

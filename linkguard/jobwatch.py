@@ -7,7 +7,7 @@ Why: NCCL's IB transport binds each queue pair to one HCA port when a communicat
 a port that died it retries for 4.096 us x 2^``NCCL_IB_TIMEOUT`` x ``NCCL_IB_RETRY_CNT``
 (:func:`nccl_retry_budget_s`: 30.1 s at NCCL's defaults 20 and 7) before the communicator
 fails, while the host's agent sees the port go down within milliseconds and says so on its
-rails socket (``rails_socket``, :mod:`linkguard.agent.localsub`). For IP transports (Gloo,
+rails socket (``rails_socket.path``, :mod:`linkguard.agent.localsub`). For IP transports (Gloo,
 NCCL's socket transport, ``NCCL_IB_DISABLE=1``) none of this is needed: the agent's routes move
 that traffic at once, and this watch watches nothing for them.
 
@@ -73,8 +73,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: the agent's usual ``rails_socket`` (it is off unless configured); ``$LINKGUARD_RAILS_SOCKET``
-#: (the agent's own variable for it) overrides this default
+#: the agent's usual ``rails_socket.path`` (off unless configured); ``$LINKGUARD_RAILS_SOCKET``
+#: (the agent's old variable for it, still read by the agent) overrides this default
 DEFAULT_SOCKET = "/run/linkguard/rails.sock"
 #: the exit code of ``interrupt="exit"``: linkguard's own, apart from ``linkguard exec``'s 69/75
 EXIT_RAIL_LOST = 76

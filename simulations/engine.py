@@ -273,8 +273,8 @@ class _Run:
         self.policy = sc.damping or DampingPolicy()
         svc = ServiceSettings()
         if sc.debounce_ms is not None:
-            svc = svc.model_copy(update={"debounce_ms": sc.debounce_ms})
-        self.debounce_s = svc.debounce_ms / 1000
+            svc.solve = svc.solve.model_copy(update={"short_ms": sc.debounce_ms})
+        self.debounce_s = svc.solve.short_ms / 1000
         self.backoff = SolveBackoff(svc.backoff_policy())
         self.state = FabricState(fabric=fabric, epoch_start=1)
         self.switch_model = SwitchModel(fabric)
@@ -310,7 +310,7 @@ class _Run:
             path=str(loaded.path),
             duration_s=sc.duration_s,
             debounce_ms=self.debounce_s * 1000,
-            solve_delays_ms=[svc.solve_initial_delay_ms, svc.debounce_ms, svc.solve_long_delay_ms],
+            solve_delays_ms=[svc.solve.initial_ms, svc.solve.short_ms, svc.solve.long_ms],
         )
 
     # -- agents --------------------------------------------------------------------------------

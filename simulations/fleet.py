@@ -16,7 +16,15 @@ from pathlib import Path
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.bus import Bus, BusSession
-from linkguard.config import AgentSettings, ApiSettings, BusSettings, PortConfig, ServiceSettings
+from linkguard.config import (
+    AgentSettings,
+    ApiSettings,
+    BusSettings,
+    PortConfig,
+    RouteOptions,
+    ServiceSettings,
+    SolveSettings,
+)
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import AckResult
 from linkguard.topology.fabric import Fabric
@@ -46,7 +54,7 @@ def agent_settings_for(
         host=host,
         driver="simulated",
         bus=bus,
-        apply_routes=False,
+        routes=RouteOptions(apply=False),
         damping=damping,
         ports=[
             PortConfig(
@@ -99,8 +107,7 @@ class SimulatedFleet:
         self.service = TopologyService(
             ServiceSettings(
                 bus=bus,
-                debounce_ms=debounce_ms,
-                solve_initial_delay_ms=solve_initial_delay_ms,
+                solve=SolveSettings(short_ms=debounce_ms, initial_ms=solve_initial_delay_ms),
                 startup_settle_s=settle_s,
                 api=api or ApiSettings(enabled=False),
                 signing_key=signing_key,

@@ -75,8 +75,8 @@ UDPFLOW = Path(__file__).with_name("udpflow.py")
 #: Agent settings the lab writes itself (its namespaces, ports, table, bus, state): an
 #: override from ``agent_settings`` / ``--agent-set`` is refused.
 LAB_AGENT_KEYS = frozenset(
-    {"host", "driver", "netns", "ports", "endpoints", "bus", "route_table", "state_dir",
-     "rail_map_path", "damping", "shutdown_policy", "sysfs_root", "metrics_listen"}
+    {"host", "driver", "netns", "ports", "endpoints", "bus", "route_table", "routes.table",
+     "state_dir", "rail_map_path", "damping", "shutdown_policy", "sysfs_root", "metrics_listen"}
 )  # fmt: skip
 
 
@@ -89,9 +89,10 @@ def agent_overrides(settings: Mapping[str, object]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in settings.items():
         parts = key.split(".")
-        if parts[0] in LAB_AGENT_KEYS:
+        lab_key = next((k for k in (".".join(parts[:2]), parts[0]) if k in LAB_AGENT_KEYS), None)
+        if lab_key is not None:
             raise ValueError(
-                f"agent setting {key}: the lab sets {parts[0]} itself (its namespaces, ports, "
+                f"agent setting {key}: the lab sets {lab_key} itself (its namespaces, ports, "
                 "table and bus; damping comes from the scenario's damping:)"
             )
         node = nested
@@ -360,8 +361,8 @@ def write_configs(
     Agents: ``driver`` (netlink: the rail netdevs' carrier), routes in table :data:`TABLE`,
     ``damping`` (default: the policy's defaults with ``hold_down_initial_s=hold_down_s`` when
     given), withdraw on shutdown. Service: ``debounce_ms`` (None: the service's default) and
-    any other settings in ``service_extra`` (e.g. ``{"solve_initial_delay_ms": 0}``). Every
-    agent also gets ``agent_extra`` (nested, as :func:`agent_overrides` returns it, e.g.
+    any other settings in ``service_extra`` (merged; e.g. ``{"solve": {"initial_ms": 0}}``).
+    Every agent also gets ``agent_extra`` (nested, as :func:`agent_overrides` returns it, e.g.
     ``{"routes": {"rto_min_ms": 20}}``), merged over what the lab writes."""
     (workdir / "fabric.yaml").write_text(dump_fabric(fabric, "yaml"))
     paths: dict[str, Path] = {}
@@ -373,8 +374,8 @@ def write_configs(
         "api": {"enabled": False},  # no HTTP API: 127.0.0.1:8470 may be taken on this machine
     }
     if debounce_ms is not None:
-        svc["debounce_ms"] = debounce_ms
-    svc.update(service_extra or {})
+        svc["solve"] = {"short_ms": debounce_ms}
+    _merge(svc, copy.deepcopy(dict(service_extra or {})))
     paths["service"] = workdir / "service.yaml"
     paths["service"].write_text(yaml.safe_dump(svc))
     if damping is not None:
@@ -399,7 +400,7 @@ def write_configs(
                 for h in inv.hcas
             ],
             "endpoints": [str(e) for e in inv.endpoints],
-            "route_table": TABLE,
+            "routes": {"table": TABLE},
             "state_dir": str(workdir / inv.host),
             "rail_map_path": str(workdir / inv.host / "rail-map.json"),
             "damping": policy,

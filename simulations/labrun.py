@@ -22,8 +22,8 @@ What runs (:func:`run_lab`):
   (:mod:`linkguard.topology.health`) loses its uplink to the spine bridge; ``broker_*`` stops
   and starts Mosquitto (same port), ``service_*`` and ``agent_*`` SIGKILL and restart the
   process. The first event comes once the bus was quiet for the service's
-  ``solve_holddown_ms`` (its RFC 8405 back-off is back in QUIET, as in a fabric that was
-  stable), so a first failure is solved after ``solve_initial_delay_ms``, not the long delay.
+  ``solve.holddown_ms`` (its RFC 8405 back-off is back in QUIET, as in a fabric that was
+  stable), so a first failure is solved after ``solve.initial_ms``, not the long delay.
 
 After every step (the events of one instant), once it *settles* (the broker, the service and
 every agent up, every port change seen on the bus, every host's latest plan acked and no plan
@@ -164,7 +164,7 @@ class _LabRun:
         self.job: LabJob | None = None
         svc = ServiceSettings()
         #: the service's back-off returns to QUIET after this long without a change (s)
-        self.holddown_s = svc.solve_holddown_ms / 1000
+        self.holddown_s = svc.solve.holddown_ms / 1000
         self.report = LabReport(
             scenario=sc.name,
             path=str(loaded.path),
@@ -174,7 +174,7 @@ class _LabRun:
             interval_ms=FLOW_INTERVAL_MS,
             sus=len({s.su for s in self.fabric.switches if s.role == "leaf"}) or 1,
             duration_s=sc.duration_s,
-            debounce_ms=(sc.debounce_ms if sc.debounce_ms is not None else svc.debounce_ms)
+            debounce_ms=(sc.debounce_ms if sc.debounce_ms is not None else svc.solve.short_ms)
             if linkguard
             else None,
             agent_settings=dict(self.agent_settings) if linkguard else {},
@@ -223,7 +223,7 @@ class _LabRun:
             await self._start_job()
         if self.linkguard:
             # a fabric that was stable: the service's solve back-off is back in QUIET, so the
-            # first fault is solved after solve_initial_delay_ms, not after the long delay
+            # first fault is solved after solve.initial_ms, not after the long delay
             hold = self.holddown_s
             self.say(f"waiting until the bus was quiet for {hold:g} s (the service's back-off)")
 

@@ -56,7 +56,7 @@ class Settler:
         self.seed = seed
         svc = ServiceSettings()
         #: the longest the service may batch changes before it solves, plus a margin (s)
-        self.max_wait_s = max(svc.solve_long_delay_ms, debounce_ms or 0.0) / 1000 + 0.5
+        self.max_wait_s = max(svc.solve.long_ms, debounce_ms or 0.0) / 1000 + 0.5
 
     def _caught_up(self, t_step: float, step: Step | None) -> bool:
         """The bus shows what ``step`` changed: the new state of every port it moved (on a

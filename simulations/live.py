@@ -12,7 +12,7 @@ What runs is the product: :class:`~linkguard.simulations.fleet.SimulatedFleet` (
 :class:`~linkguard.agent.daemon.Agent` per host, simulated port drivers, in-memory route
 tables) on the chosen broker, in one process, on the wall clock. Time 0 is a fleet at rest:
 every host acked its first plan, the service has every port's state, and its solve back-off
-is quiet again (``solve_holddown_ms`` after those first states). The timeline then plays at
+is quiet again (``solve.holddown_ms`` after those first states). The timeline then plays at
 its own pace:
 
 - ``port_down``/``port_up``: the host's simulated port source reads the event's state and
@@ -109,9 +109,7 @@ class _Live:
         self.settle_timeout_s = settle_timeout_s
         self.stop_when_quiet = stop_when_quiet
         debounce_ms = (
-            sc.debounce_ms
-            if sc.debounce_ms is not None
-            else ServiceSettings.model_fields["debounce_ms"].default
+            sc.debounce_ms if sc.debounce_ms is not None else ServiceSettings().solve.short_ms
         )
         self.fleet = SimulatedFleet(
             self.fabric,
@@ -136,9 +134,9 @@ class _Live:
             duration_s=sc.duration_s,
             debounce_ms=debounce_ms,
             solve_delays_ms=[
-                getattr(settings, name)
-                for name in ("solve_initial_delay_ms", "debounce_ms", "solve_long_delay_ms")
-                if hasattr(settings, name)
+                settings.solve.initial_ms,
+                settings.solve.short_ms,
+                settings.solve.long_ms,
             ],
         )
         self.watch = LiveWatch(
@@ -270,13 +268,13 @@ class _Live:
     async def _at_rest(self, timeout: float) -> None:
         """Wait for time 0: every host acked its first plan, the service knows every port
         (the agents announce theirs after the first build) and its solve back-off is quiet
-        again (``solve_holddown_ms`` after the last of those first states, each of which
+        again (``solve.holddown_ms`` after the last of those first states, each of which
         counts as a change): a scenario's first fault meets a fleet that has been running."""
         fleet = self.fleet
         ports = sum(len(h.hcas) for h in self.fabric.hosts)
         await fleet.wait_all_acked(timeout=timeout)
         await wait_until(lambda: len(fleet.service.state.ports) >= ports, timeout, "port states")
-        await asyncio.sleep(getattr(fleet.service.settings, "solve_holddown_ms", 0.0) / 1000)
+        await asyncio.sleep(fleet.service.settings.solve.holddown_ms / 1000)
         await fleet.wait_all_acked(timeout=timeout)
 
     async def run(

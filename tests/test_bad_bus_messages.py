@@ -148,7 +148,7 @@ async def test_agent_refuses_out_of_scope_plan_and_acks_the_refusal(agent_on_bus
 async def test_service_drops_bad_port_states(mosquitto) -> None:
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05, max_message_bytes=64 * 1024)
     service = TopologyService(
-        ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
+        ServiceSettings(bus=bus, solve={"short_ms": 0}, startup_settle_s=0), fabric=FABRIC
     )
     task = asyncio.create_task(service.run())
     good = _down_state()
@@ -212,7 +212,7 @@ async def test_a_change_during_a_solve_gets_its_own_solve(mosquitto, monkeypatch
     monkeypatch.setattr(FabricState, "compute", slow_compute)
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
     service = TopologyService(
-        ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
+        ServiceSettings(bus=bus, solve={"short_ms": 0}, startup_settle_s=0), fabric=FABRIC
     )
     task = asyncio.create_task(service.run())
     try:

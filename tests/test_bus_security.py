@@ -512,7 +512,7 @@ class _SecuredFleet:
         self.service = TopologyService(
             ServiceSettings(
                 bus=secured.bus(SERVICE),
-                debounce_ms=20,
+                solve={"short_ms": 20},
                 startup_settle_s=0.2,
                 api=ApiSettings(enabled=False),
             ),

@@ -60,12 +60,12 @@ def test_fabric_generate_round_trips(tmp_path: Path) -> None:
 
 def test_bad_config_value_names_the_field(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.yaml"
-    cfg.write_text(yaml.safe_dump({"host": "h", "route_table": 254}))
-    with pytest.raises(ConfigError, match="route_table"):
+    cfg.write_text(yaml.safe_dump({"host": "h", "routes": {"table": 254}}))
+    with pytest.raises(ConfigError, match=r"routes\.table"):
         load_settings(AgentSettings, cfg)
     out = _cli("agent", "-c", str(cfg))
     assert out.returncode == 2
-    assert "route_table" in out.stderr and "reserved" in out.stderr
+    assert "routes.table" in out.stderr and "reserved" in out.stderr
 
 
 def test_config_file_errors_exit_2(tmp_path: Path) -> None:

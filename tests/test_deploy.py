@@ -297,7 +297,7 @@ def test_example_agent_config_loads(site: Path, monkeypatch: pytest.MonkeyPatch)
     assert s.bus.connection()["password"] == "not-a-real-password"
     assert [str(p) for p in s.endpoint_prefixes] == ["10.200.0.0/16"]
     assert len(s.endpoints) == 8
-    assert (s.route_table, s.shutdown_policy, s.require_signed_plans) == (4242, "keep", True)
+    assert (s.routes.table, s.shutdown_policy, s.require_signed_plans) == (4242, "keep", True)
     assert s.poll_interval_ms == AgentSettings.model_fields["poll_interval_ms"].default
 
 
@@ -314,10 +314,8 @@ def test_example_topology_config_loads(site: Path, monkeypatch: pytest.MonkeyPat
 def test_example_config_typo_is_refused(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loader the examples are checked with refuses a misspelt key (extra="forbid")."""
     bad = site / "agent.yaml"
-    bad.write_text(
-        (DEPLOY / "config/agent.yaml").read_text().replace("route_table:", "route_tabel:")
-    )
-    with pytest.raises(ConfigError, match="route_tabel"):
+    bad.write_text((DEPLOY / "config/agent.yaml").read_text().replace("  table:", "  tabel:"))
+    with pytest.raises(ConfigError, match=r"routes\.tabel"):
         load_with_env(monkeypatch, AgentSettings, bad, site_env(site, "agent"))
 
 

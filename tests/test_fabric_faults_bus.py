@@ -52,7 +52,7 @@ async def _service(port: int) -> AsyncIterator[TopologyService]:
     from the retained ones)."""
     bus = BusSettings(port=port, reconnect_min_s=0.05, max_message_bytes=64 * 1024)
     service = TopologyService(
-        ServiceSettings(bus=bus, debounce_ms=0, startup_settle_s=0), fabric=FABRIC
+        ServiceSettings(bus=bus, solve={"short_ms": 0}, startup_settle_s=0), fabric=FABRIC
     )
     task = asyncio.create_task(service.run())
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from linkguard.config import RailsSocketSettings
 from linkguard.jobenv import read_host_nccl
 from linkguard.topology.fabric import generate_rail_optimized
 from tests.agent.rail_rig import Rig, running_agent, short_dir
@@ -210,7 +211,9 @@ async def test_rail_loss_fails_the_worker_fast_and_torchrun_restarts_it(tmp_path
     out.mkdir()
     with short_dir() as d:
         sock = d / "rails.sock"
-        async with running_agent(tmp_path, fabric=FABRIC, rails_socket=sock) as rig:
+        async with running_agent(
+            tmp_path, fabric=FABRIC, rails_socket=RailsSocketSettings(path=sock)
+        ) as rig:
             run = await agent_with_both_rails(rig)
             async with torchrun(out, FAILFAST_WORKER, run, str(sock)) as proc:
                 await until(lambda: (out / "training-0.json").exists(), "worker 0 training", 90)

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import linkguard.jobwatch as jobwatch_module
 from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.railmap import RailView, document
+from linkguard.config import RailsSocketSettings
 from linkguard.jobenv import parse_env_file, read_host_nccl
 from linkguard.jobwatch import EXIT_RAIL_LOST, RailLost, RailWatch, nccl_retry_budget_s, selects
 from linkguard.nccl import NcclFiles, hca_selects
@@ -174,7 +175,9 @@ async def test_a_real_agent_port_down_fires_with_nccl_env_already_updated(tmp_pa
     watch through `linkguard exec` reads the rails the change announced."""
     fabric = generate_rail_optimized(hosts=2, rails=2)
     with short_dir() as d:
-        async with running_agent(tmp_path, fabric=fabric, rails_socket=d / "rails.sock") as rig:
+        async with running_agent(
+            tmp_path, fabric=fabric, rails_socket=RailsSocketSettings(path=d / "rails.sock")
+        ) as rig:
             await rig.plan(1)
             await until(lambda: rig.acked(1), "plan 1 acked")
             run = rig.agent.settings.rail_map_path.parent

@@ -499,7 +499,7 @@ async def test_service_records_a_link_down_and_up(tmp_path: Path, bus_env) -> No
     fleet.service = TopologyService(
         ServiceSettings(
             bus=bus,
-            debounce_ms=20,
+            solve={"short_ms": 20},
             startup_settle_s=0.2,
             api=ApiSettings(enabled=False),
             ledger=LedgerSettings(path=path, retention_days=30),

@@ -35,7 +35,7 @@ def _bus(port: int) -> BusSettings:
 
 
 def _service(port: int) -> TopologyService:
-    settings = ServiceSettings(bus=_bus(port), debounce_ms=0, startup_settle_s=0)
+    settings = ServiceSettings(bus=_bus(port), solve={"short_ms": 0}, startup_settle_s=0)
     return TopologyService(settings, fabric=SERVICE_FABRIC)
 
 

@@ -34,8 +34,8 @@ def test_subscribe_qos_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_verbs_events_off_unquoted_in_yaml(tmp_path: Path) -> None:
-    s = load_settings(AgentSettings, _yaml(tmp_path, "verbs_events: off\n"))
-    assert s.verbs_events == "off"
+    s = load_settings(AgentSettings, _yaml(tmp_path, "verbs: {events: off}\n"))
+    assert s.verbs.events == "off"
 
 
 def test_a_misspelt_counter_threshold_is_refused(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ async def test_a_probe_responder_can_be_rebound_at_once() -> None:
             assert r._proto is not None and r._proto.transport is not None
 
 
-# -- verbs_events: the YAML file and the environment take the same words -------------------------
+# -- verbs.events: the YAML file and the environment take the same words -------------------------
 
 
 @pytest.mark.parametrize(
@@ -112,30 +112,32 @@ def test_verbs_events_means_the_same_in_yaml_and_env(
     word: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """YAML 1.1 reads a bare on/off/yes/no as a bool, the environment gives the word."""
-    from_yaml = load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n"))
-    monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", word)
+    from_yaml = load_settings(AgentSettings, _yaml(tmp_path, f"verbs:\n  events: {word}\n"))
+    monkeypatch.setenv("LINKGUARD_VERBS__EVENTS", word)
     from_env = load_settings(AgentSettings)
-    assert from_yaml.verbs_events == from_env.verbs_events == value
+    assert from_yaml.verbs.events == from_env.verbs.events == value
 
 
 @pytest.mark.parametrize("word", ["1", "maybe", "'on '"])
 def test_verbs_events_refuses_the_same_words_in_yaml_and_env(
     word: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    message = r"verbs_events: .*expected auto or off \(on, true, yes mean auto"
+    message = r"verbs.events: .*expected auto or off \(on, true, yes mean auto"
     if word != "'on '":  # a quoted 'on ' with its space is a plain word in YAML
         with pytest.raises(ConfigError, match=message):
-            load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n"))
-        monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", word)
+            load_settings(AgentSettings, _yaml(tmp_path, f"verbs:\n  events: {word}\n"))
+        monkeypatch.setenv("LINKGUARD_VERBS__EVENTS", word)
         with pytest.raises(ConfigError, match=message):
             load_settings(AgentSettings)
     else:  # surrounding spaces are not a different word, in either
         assert (
-            load_settings(AgentSettings, _yaml(tmp_path, f"verbs_events: {word}\n")).verbs_events
+            load_settings(
+                AgentSettings, _yaml(tmp_path, f"verbs:\n  events: {word}\n")
+            ).verbs.events
             == "auto"
         )
-        monkeypatch.setenv("LINKGUARD_VERBS_EVENTS", "on ")
-        assert load_settings(AgentSettings).verbs_events == "auto"
+        monkeypatch.setenv("LINKGUARD_VERBS__EVENTS", "on ")
+        assert load_settings(AgentSettings).verbs.events == "auto"
 
 
 # -- counter_health thresholds: degrade alone, clear alone -----------------------------------------
@@ -243,7 +245,7 @@ def test_the_other_roles_variables_are_logged_and_ignored(
     from structlog.testing import capture_logs
 
     monkeypatch.setenv("LINKGUARD_LEDGER__PATH", "/var/lib/linkguard/ledger.sqlite")
-    monkeypatch.setenv("LINKGUARD_DEBOUNCE_MS", "50")
+    monkeypatch.setenv("LINKGUARD_SOLVE__SHORT_MS", "50")
     with capture_logs() as logs:
         s = load_settings(AgentSettings)
     assert s.host  # it started
@@ -255,8 +257,8 @@ def test_the_other_roles_variables_are_logged_and_ignored(
             # conftest.py sets LINKGUARD_API__ENABLED for every test: a service setting too
             "variables": [
                 "LINKGUARD_API__ENABLED",
-                "LINKGUARD_DEBOUNCE_MS",
                 "LINKGUARD_LEDGER__PATH",
+                "LINKGUARD_SOLVE__SHORT_MS",
             ],
             "note": "settings of the service; ignored by the agent",
         }
@@ -471,7 +473,7 @@ def test_a_whole_threshold_still_loads_from_yaml_and_env(
             "COUNTER_HEALTH__CLEAR_AFTER_S",
             "counter_health.clear_after_s",
         ),
-        (ServiceSettings, "debounce_ms: -.inf", "DEBOUNCE_MS", "debounce_ms"),
+        (ServiceSettings, "solve: {short_ms: -.inf}", "SOLVE__SHORT_MS", "solve.short_ms"),
         (ServiceSettings, "probes: {rate_pps: .nan}", "PROBES__RATE_PPS", "probes.rate_pps"),
         (
             ServiceSettings,

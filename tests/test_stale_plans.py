@@ -38,7 +38,7 @@ def _bus(port: int) -> BusSettings:
 
 
 def _service(port: int, fabric: Fabric, settle_s: float = 0) -> TopologyService:
-    settings = ServiceSettings(bus=_bus(port), debounce_ms=0, startup_settle_s=settle_s)
+    settings = ServiceSettings(bus=_bus(port), solve={"short_ms": 0}, startup_settle_s=settle_s)
     return TopologyService(settings, fabric=fabric)
 
 

@@ -66,7 +66,7 @@ async def _faults(
         driver="netlink",
         damping=DampingPolicy(hold_down_initial_s=0.5, hold_down_max_s=0.5),
         agent_extra={"routes": {"neighbour_flush": flush}},
-        service_extra={"solve_holddown_ms": HOLDDOWN_MS},
+        service_extra={"solve": {"holddown_ms": HOLDDOWN_MS}},
     )
     procs, obs = Procs(tmp), Observer()
     names = [h.name for h in lab.hosts]

@@ -34,7 +34,7 @@ class SolveSchedule:
         self.settings = settings
         self.fabric = fabric
         self.state = state
-        #: when to solve after a change (RFC 8405 back-off, ``solve_*`` and ``debounce_ms``)
+        #: when to solve after a change (RFC 8405 back-off, ``solve:``)
         self.backoff = SolveBackoff(settings.backoff_policy())
         self.solves = 0
         self.plans_published = 0

@@ -160,9 +160,9 @@ class TopologyService(FaultsIO):
             hosts=len(self.fabric.hosts),
             signing_key_id=self.signer.key_id if self.signer is not None else None,
             solve_delays_ms=[
-                self.settings.solve_initial_delay_ms,
-                self.settings.debounce_ms,
-                self.settings.solve_long_delay_ms,
+                self.settings.solve.initial_ms,
+                self.settings.solve.short_ms,
+                self.settings.solve.long_ms,
             ],
         )
         try:  # before anything connects: a port in use stops the start here

@@ -93,12 +93,12 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
 
         sysfs = with_verbs_events(  # async events trigger re-reads (polling stays the truth)
             sysfs_ib,
-            mode=settings.verbs_events,
+            mode=settings.verbs.events,
             driver=settings.driver,
             sysfs_root=settings.sysfs_root,
-            python=settings.verbs_python,
+            python=settings.verbs.python,
             hcas={h.hca for h in inventory.hcas},
-            reader=settings.verbs_reader,
+            reader=settings.verbs.reader,
         )
         # RoCE: the netdev's carrier (netlink) is the health signal; sysfs adds the RDMA view.
         roce = [
@@ -164,14 +164,14 @@ def warn_ignored(
 
 
 def make_table(settings: AgentSettings) -> RouteTableLike:
-    """linkguard's kernel routing table (``apply_routes``), else an in-memory one."""
-    if settings.apply_routes:
+    """linkguard's kernel routing table (``routes.apply``), else an in-memory one."""
+    if settings.routes.apply:
         from linkguard.drivers.routes import RouteTable
 
         return RouteTable(
-            table=settings.route_table,
+            table=settings.routes.table,
             netns=settings.netns,
-            rule_priority=settings.rule_priority,
+            rule_priority=settings.routes.rule_priority,
             prefixes=settings.endpoint_prefixes,
         )
     from linkguard.drivers.simulated import MemoryRouteTable
@@ -202,7 +202,7 @@ def log_plan_verification(settings: AgentSettings, verifier: Verifier | None) ->
     if verifier is None:
         # a warning where plans steer kernel routes; simulated agents (in-memory tables:
         # quickstart, simulations) say it at info
-        (log.warning if settings.apply_routes else log.info)(
+        (log.warning if settings.routes.apply else log.info)(
             "plans_not_verified",
             host=settings.host,
             hint="set service_public_key (linkguard keys generate): without it a forged "
@@ -327,14 +327,14 @@ def make_prober(settings: AgentSettings) -> ProbeRunner | None:
 def make_rails_socket(
     settings: AgentSettings, *, current: Callable[[], dict[str, Any]]
 ) -> RailMapServer | None:
-    """The rails socket for local subscribers (``rails_socket``; None: off)."""
-    if settings.rails_socket is None:
+    """The rails socket for local subscribers (``rails_socket.path``; None: off)."""
+    if settings.rails_socket.path is None:
         return None
     return RailMapServer(
-        settings.rails_socket,
+        settings.rails_socket.path,
         current=current,
-        group=settings.rails_socket_group,
-        queue=settings.rails_socket_queue,
+        group=settings.rails_socket.group,
+        queue=settings.rails_socket.queue,
     )
 
 

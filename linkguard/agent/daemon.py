@@ -194,7 +194,7 @@ class Agent(EffectExecutor):
             host=self.host,
             driver=self.settings.driver,
             ports=[f"{h.key}=rail{h.rail}" for h in self.inventory.hcas],
-            table=self.settings.route_table,
+            table=self.settings.routes.table,
             netns=self.settings.netns,
         )
         log_plan_verification(self.settings, self.verifier)

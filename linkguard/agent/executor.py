@@ -287,5 +287,5 @@ class EffectExecutor:
         if self.settings.shutdown_policy == "withdraw" or self.duplicate is not None:
             async with self._lock:
                 await self.applier.withdraw()
-            log.info("agent_withdrew_routes", table=self.settings.route_table)
+            log.info("agent_withdrew_routes", table=self.settings.routes.table)
         log.info("agent_stopped", host=self.host)

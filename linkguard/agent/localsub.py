@@ -3,14 +3,14 @@ or a training framework can follow it without broker credentials.
 
 Consumes: the change documents of :class:`~linkguard.agent.railmap.RailChanges` through
 :meth:`RailMapServer.publish` (never blocks) and, for each new subscriber, the current one.
-Produces: on ``rails_socket`` (a stream socket, mode 0660, group ``rails_socket_group``), per
+Produces: on ``rails_socket.path`` (a stream socket, mode 0660, group ``rails_socket.group``), per
 subscriber one JSON object per line (UTF-8, ``\\n``-terminated): first the current rail map
 (``"kind": "current"``; ``seq`` 0 and reason ``none`` before the first change), then every
 change in order (``"kind": "change"``, ``seq`` counting up by one); the documents are
 ``linkguard.rail-change/v1`` (:mod:`linkguard.agent.railmap`). Subscribers only read; what
 they send is ignored.
 
-A subscriber that falls more than ``rails_socket_queue`` changes behind (it stopped reading)
+A subscriber that falls more than ``rails_socket.queue`` changes behind (it stopped reading)
 is cut: it gets, after what it had been sent, one last line ``{"kind": "error", "error":
 "slow_consumer", ...}`` and the connection closes (aborted after :data:`CLOSE_GRACE_S` if it
 does not read that either); the agent never waits for it. Reconnecting gives the current map
@@ -165,7 +165,7 @@ class RailMapServer:
             try:
                 gid = int(self.group) if self.group.isdigit() else grp.getgrnam(self.group).gr_gid
             except KeyError:
-                raise ConfigError(f"rails_socket_group {self.group!r}: no such group") from None
+                raise ConfigError(f"rails_socket.group {self.group!r}: no such group") from None
         _clear_stale(path)
         tmp = path.parent / f".{path.name}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -303,7 +303,7 @@ def _clear_stale(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"rails_socket {path} exists and is not a socket: not replacing it")
+        raise ConfigError(f"rails_socket.path {path} exists and is not a socket: not replacing it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
@@ -316,7 +316,7 @@ def _clear_stale(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise ConfigError(f"rails_socket {path} is served by another process (another agent?)")
+    raise ConfigError(f"rails_socket.path {path} is served by another process (another agent?)")
 
 
 async def follow(path: Path, *, out: TextIO = sys.stdout, count: int | None = None) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from linkguard import __version__
 from linkguard.cli import (
     broker,
+    config,
     daemon,
     fabric,
     faults,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     nccl.add_exec_parser(sub)
     layout.add_parser(sub)
     keys.add_parser(sub)
+    config.add_parser(sub)
     rails.add_parser(sub)
     sim.add_parser(sub)
     report.add_parser(sub)
@@ -62,6 +64,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.run,
     "nccl": nccl.run,
     "keys": keys.run,
+    "config": config.run,
     "layout": layout.run,
     "rails": rails.run,
     "sim": sim.run,

@@ -14,8 +14,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     rf = rasub.add_parser(
         "follow",
         help="print the current rail map, then every change, one JSON line each",
-        description="Connect to the agent's rails_socket (linkguard.agent.localsub; no broker "
-        "credentials needed, only access to the socket: mode 0660, rails_socket_group) and "
+        description="Connect to the agent's rails_socket.path (linkguard.agent.localsub; no "
+        "broker credentials needed, only access to the socket: mode 0660, rails_socket.group) and "
         "print what it sends: the current rail map, then each change as it happens, one "
         'linkguard.rail-change/v1 JSON document per line ("kind": current / change / error).',
         epilog="Exit codes: 0 after --count lines, 1 the agent closed the connection or cut "
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "permission, or a bad configuration.",
     )
     rf.add_argument("--socket", type=Path, metavar="PATH", help="default: the config's")
-    rf.add_argument("-c", "--config", type=Path, help="the agent's YAML config (rails_socket)")
+    rf.add_argument("-c", "--config", type=Path, help="the agent's YAML config (rails_socket.path)")
     rf.add_argument(
         "--count",
         type=positive(int, lo=1, hi=10**9),
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """``rails follow``: :func:`linkguard.agent.localsub.follow` on ``--socket``, else the
-    config's ``rails_socket``, else ``/run/linkguard/rails.sock``."""
+    config's ``rails_socket.path``, else ``/run/linkguard/rails.sock``."""
     import asyncio
 
     from linkguard.agent.localsub import follow
@@ -43,11 +43,11 @@ def run(args: argparse.Namespace) -> int:
     path = args.socket
     if path is None and args.config is not None:
         try:
-            path = load_settings(AgentSettings, args.config).rails_socket
+            path = load_settings(AgentSettings, args.config).rails_socket.path
         except ConfigError as exc:
             return fail(f"rails follow: {exc}", 2)
         if path is None:
-            return fail(f"rails follow: {args.config} sets no rails_socket", 2)
+            return fail(f"rails follow: {args.config} sets no rails_socket.path", 2)
     path = path or Path("/run/linkguard/rails.sock")
     try:
         return asyncio.run(follow(path, count=args.count))

@@ -32,7 +32,7 @@ def _settings(tmp: Path, port: int, hcas: list[str], gpus: int, **kw) -> AgentSe
     return AgentSettings(
         host="gpu000",
         bus=BusSettings(port=port, reconnect_min_s=0.05),
-        apply_routes=False,
+        routes={"apply": False},
         ports=[PortConfig(hca=h, rail=r) for r, h in enumerate(hcas)],
         endpoints=[ipaddress.IPv4Address(f"10.200.{g}.1") for g in range(gpus)],
         state_dir=tmp / "state",

@@ -23,7 +23,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from linkguard.agent.localsub import RailMapServer
-from linkguard.config import AgentSettings
+from linkguard.config import AgentSettings, RailsSocketSettings
 from tests.agent.rail_rig import HOST, rail_map, running_agent, short_dir
 from tests.support import until
 
@@ -181,10 +181,10 @@ async def test_a_plain_file_at_the_path_is_left_alone(sock_dir: Path) -> None:
 
 def test_socket_path_settings() -> None:
     with pytest.raises(ValueError, match="absolute"):
-        AgentSettings(host="h", rails_socket="rails.sock")
+        AgentSettings(host="h", rails_socket={"path": "rails.sock"})
     with pytest.raises(ValueError, match="too long"):
-        AgentSettings(host="h", rails_socket="/run/" + "x" * 120)
-    assert AgentSettings(host="h").rails_socket is None
+        AgentSettings(host="h", rails_socket={"path": "/run/" + "x" * 120})
+    assert AgentSettings(host="h").rails_socket.path is None
 
 
 async def test_rails_follow_prints_the_stream(sock_dir: Path) -> None:
@@ -228,7 +228,9 @@ async def test_rails_follow_prints_the_stream(sock_dir: Path) -> None:
 async def test_an_agent_streams_every_plan_change_in_order(tmp_path: Path) -> None:
     with short_dir() as d:
         path = d / "rails.sock"
-        async with running_agent(tmp_path, rails_socket=path, rails_socket_group=None) as rig:
+        async with running_agent(
+            tmp_path, rails_socket=RailsSocketSettings(path=path, group=None)
+        ) as rig:
             server = rig.agent.rails_socket
             assert server is not None
             await until(server.ready.is_set, "socket up")
@@ -258,11 +260,11 @@ async def test_an_agent_streams_every_plan_change_in_order(tmp_path: Path) -> No
 async def test_a_restarted_agent_serves_its_restored_plan(tmp_path: Path) -> None:
     with short_dir() as d:
         path = d / "rails.sock"
-        async with running_agent(tmp_path, rails_socket=path) as rig:
+        async with running_agent(tmp_path, rails_socket=RailsSocketSettings(path=path)) as rig:
             plan = await rig.plan(7, {2})
             await until(lambda: rig.acked(7), "plan 7 acked")
         # the same state dir, a new (empty) broker: the plan comes from the state dir
-        async with running_agent(tmp_path, rails_socket=path) as rig:
+        async with running_agent(tmp_path, rails_socket=RailsSocketSettings(path=path)) as rig:
             server = rig.agent.rails_socket
             assert server is not None
             await until(server.ready.is_set, "socket up")

@@ -15,7 +15,7 @@ import pytest
 from linkguard.agent.daemon import Agent
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import free_port
-from linkguard.config import BusSettings
+from linkguard.config import BusSettings, RouteOptions
 from linkguard.drivers.simulated import SimulatedPortSource, active_port
 from linkguard.models import LinkLayer
 from linkguard.simulations.fleet import agent_settings_for
@@ -40,9 +40,8 @@ async def test_start_reconciles_table_with_last_plan_without_broker(tmp_path: Pa
             bus=BusSettings(port=free_port(), reconnect_min_s=0.05, reconnect_max_s=0.2),
         ).model_copy(
             update={
-                "apply_routes": True,
+                "routes": RouteOptions(apply=True, table=TABLE),
                 "netns": me.netns,
-                "route_table": TABLE,
                 "shutdown_policy": "keep",
             }
         )

@@ -80,12 +80,11 @@ async def agent_on(tmp: Path, root: Path, script: Path, poll_ms: float) -> Async
         poll_interval_ms=poll_ms,
         ports=[PortConfig(hca="mlx5_0", rail=0), PortConfig(hca="mlx5_1", rail=1)],
         endpoints=[ipaddress.IPv4Address("10.200.0.1"), ipaddress.IPv4Address("10.200.1.1")],
-        apply_routes=False,
+        routes={"apply": False},
         state_dir=tmp / "state",
         rail_map_path=tmp / "run" / "rail-map.json",
         metrics_listen=None,
-        verbs_python=Path(sys.executable),
-        verbs_reader=script,
+        verbs={"python": Path(sys.executable), "reader": script},
     )
     agent = Agent(settings, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
     task = asyncio.create_task(agent.run())
@@ -165,13 +164,11 @@ async def test_verbs_events_off_runs_no_reader(tmp_path: Path) -> None:
         host="gpu000",
         sysfs_root=root,
         ports=[PortConfig(hca="mlx5_0", rail=0)],
-        apply_routes=False,
+        routes={"apply": False},
         state_dir=tmp_path / "state",
         rail_map_path=tmp_path / "run" / "rail-map.json",
         metrics_listen=None,
-        verbs_events="off",
-        verbs_python=Path(sys.executable),
-        verbs_reader=script,
+        verbs={"events": "off", "python": Path(sys.executable), "reader": script},
     )
     agent = Agent(settings, table=MemoryRouteTable(), bus_factory=MemoryBroker().bus_factory)
     assert isinstance(agent.source, SysfsIBSource)

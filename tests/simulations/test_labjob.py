@@ -241,6 +241,8 @@ def test_agent_settings_become_nested_config_checked_by_the_agent(tmp_path: Path
     }
     with pytest.raises(ValueError, match="the lab sets route_table itself"):
         agent_overrides({"route_table": 7})
+    with pytest.raises(ValueError, match=r"the lab sets routes\.table itself"):
+        agent_overrides({"routes.table": 7})
     assert agent_overrides({"routes.rto_min_ms": 20}) == {"routes": {"rto_min_ms": 20}}
     with pytest.raises(ValueError, match=r"this agent refuses them: turbo: Extra inputs"):
         agent_overrides({"turbo.mode": 1})  # not a setting of the agent: refused up front
@@ -256,7 +258,7 @@ def test_agent_settings_become_nested_config_checked_by_the_agent(tmp_path: Path
     )  # type: ignore[arg-type]
     cfg = yaml.safe_load(cfgs["gpu001"].read_text())
     assert cfg["log_level"] == "debug" and cfg["probes"] == {"rate_pps": 2}
-    assert cfg["route_table"] == 4242 and cfg["netns"] == "h1"
+    assert cfg["routes"] == {"table": 4242} and cfg["netns"] == "h1"
 
 
 def test_cli_agent_set_is_checked_before_anything_is_built(capsys) -> None:

@@ -66,7 +66,7 @@ def test_bad_policies_are_refused() -> None:
 
 
 def test_service_settings_carry_the_policy() -> None:
-    s = ServiceSettings(solve_initial_delay_ms=5, debounce_ms=200)
+    s = ServiceSettings(solve={"initial_ms": 5, "short_ms": 200})
     assert s.backoff_policy() == BackoffPolicy(initial_ms=5, short_ms=200)
-    with pytest.raises((ConfigError, ValueError), match="solve_holddown_ms"):
-        ServiceSettings(solve_time_to_learn_ms=5000, solve_holddown_ms=1000)
+    with pytest.raises((ConfigError, ValueError), match=r"solve\n.*holddown_ms \(1000\) must be"):
+        ServiceSettings(solve={"time_to_learn_ms": 5000, "holddown_ms": 1000})

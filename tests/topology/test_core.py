@@ -47,11 +47,13 @@ FABRIC = generate_rail_optimized(hosts=3, rails=2)
 WALL = 1.7e9  # a Unix time for the plans' issued_at
 #: the back-off of these tests (ms): initial 10, short 100, long 1000, learn 500, holddown 3000
 SETTINGS = ServiceSettings(
-    solve_initial_delay_ms=10,
-    debounce_ms=100,
-    solve_long_delay_ms=1000,
-    solve_time_to_learn_ms=500,
-    solve_holddown_ms=3000,
+    solve={
+        "initial_ms": 10,
+        "short_ms": 100,
+        "long_ms": 1000,
+        "time_to_learn_ms": 500,
+        "holddown_ms": 3000,
+    }
 )
 
 

@@ -55,7 +55,7 @@ async def test_leaf_down_moves_one_rail_of_the_whole_su_in_one_plan_per_host(
     fabric = generate_rail_optimized(hosts=16, rails=4)
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
     # a leaf's ports go down together; the service solves at once on the first change after a
-    # quiet period (solve_initial_delay_ms 0 by default), so on a loaded machine the first
+    # quiet period (solve.initial_ms 0 by default), so on a loaded machine the first
     # port's state could be solved alone: wait 300 ms for the rest (a batch, one plan per host)
     async with SimulatedFleet(
         fabric, bus=bus, workdir=tmp_path, debounce_ms=150, solve_initial_delay_ms=300
