@@ -54,6 +54,7 @@ from linkguard.bus import BusMessage, BusSession
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     Ack,
+    AckResult,
     BadMessage,
     HostInventory,
     HostStatus,
@@ -227,6 +228,31 @@ class EffectExecutor:
             self.rails_socket.publish(change)
 
     # -- presence, probes, shutdown -----------------------------------------------------
+    def _restore_previous_run(self) -> None:
+        """After the applier's start: the plan and peer routes it restored go to the core
+        (retained copies of these change nothing, and older ones, replays, are stale against
+        them), the term too (:meth:`_restore_term`), and the restored plan's ack is kept to be
+        announced on connect (it replaces a stale one); the rail change of the start."""
+        if self.applier.restored is not None:
+            received, peers = self.applier.restored
+            self.core.restore(received=received, peers=peers)
+        self._restore_term()
+        if self.applier.plan is not None:
+            errors = self.applier.last_result.errors if self.applier.last_result else []
+            self.last_ack = Ack(
+                host=self.host,
+                epoch=self.applier.plan.epoch,
+                result=AckResult.FAILED if errors else AckResult.APPLIED,
+                error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
+                applied_at=time.time(),
+            )
+            self._rail_change("start")
+
+    def _restore_term(self) -> None:
+        """The highest term of the previous run: its file, or the restored plan's and peer
+        routes' (whichever is higher). An unreadable file counts as 0 (logged)."""
+        self.core.restore_term(self.files.read_term())
+
     def _status(
         self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
     ) -> HostStatus:
