@@ -3,7 +3,7 @@ effects of its core (:class:`~linkguard.topology.core.ServiceCore`).
 
 Channels (``producer -> consumer``)::
 
-    bus handler -> core             every message (core.on_message), fabric/faults -> io
+    bus task -> core                every message (core.on_message), fabric/faults -> io
     core -> solver task             ScheduleSolve: _kick (an Event), due time in core.backoff
     core -> auditor task            KickAudit: _audit_kick
     core -> route_around task       KickRouteAround: _offline_kick
@@ -135,7 +135,6 @@ class TopologyService(ScheduleIO, ProbesIO):
                 topics.service_health(),
                 topics.fabric_faults(),
             ],
-            handler=self._on_message,
             on_connect=self._on_connect,
             will=Will(topics.service_status(), encode(self._status(online=False))),
         )
@@ -198,7 +197,7 @@ class TopologyService(ScheduleIO, ProbesIO):
         """Start the tasks in ``tg`` and wait until one ends or :meth:`stop`; then announce
         ``offline`` (unless a duplicate) and stop the API gracefully."""
         running = [
-            tg.create_task(self.bus.run(), name="bus"),  # bus -> core: _on_message
+            tg.create_task(self._receive(), name="bus"),  # bus -> core: _on_message
             tg.create_task(self._solver(), name="solver"),  # core (_kick) -> solve -> bus
             tg.create_task(self._auditor(), name="auditor"),  # core (_audit_kick) -> bus
             tg.create_task(self._route_around(), name="route_around"),  # core -> route-around
@@ -248,6 +247,12 @@ class TopologyService(ScheduleIO, ProbesIO):
         await self._execute(
             self.core.on_message(msg.topic, msg.payload, msg.retain, now, leading=leading)
         )
+
+    async def _receive(self) -> None:
+        """bus -> :meth:`_on_message`, in arrival order; leaving ends the session cleanly."""
+        async with contextlib.aclosing(self.bus.messages()) as messages:
+            async for message in messages:
+                await self._on_message(message)
 
     def _execute_now(self, effects: list[Effect]) -> None:
         """Carry out the effects that need no await (logs, changes, wake-ups, timers)."""

@@ -69,8 +69,6 @@ from linkguard.drivers.base import PortSource
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     HostStatus,
-    PeerRoutes,
-    Plan,
     encode,
 )
 from linkguard.nccl import NcclFiles
@@ -148,25 +146,9 @@ class Agent(MessageDispatch):
             **s.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
             subscriptions=subscriptions(settings),
-            handler=self._on_message,  # bus -> core (plans, peer routes), presence, probes
             on_connect=self._on_connect,
             will=Will(topics.status(self.host), encode(self._status(online=False, reason="lost"))),
         )
-
-    @property
-    def term(self) -> int:
-        """The highest leader term seen (the core's; persisted in ``state_dir/term``)."""
-        return self.core.term
-
-    @property
-    def plan_received(self) -> Plan | None:
-        """The last plan off the bus (compact or full)."""
-        return self.core.plan_received
-
-    @property
-    def peers(self) -> dict[str, PeerRoutes]:
-        """Retained peer routes, by peer."""
-        return self.core.peers
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,7 +185,7 @@ class Agent(MessageDispatch):
         self._restore_previous_run()
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.bus.run(), name="bus")
+                tg.create_task(self._receive(), name="bus")  # bus -> core, prober
                 tg.create_task(self._watch(), name="watch")
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
@@ -244,6 +226,13 @@ class Agent(MessageDispatch):
             self._announcer.cancel()
         self._announced = False
         self._announcer = asyncio.create_task(self._announce(PRESENCE_SETTLE_S), name="announce")
+
+    async def _receive(self) -> None:
+        """bus -> :meth:`_on_message` (plans, peer routes, status, probe targets) in arrival
+        order; leaving ends the session cleanly (no last will)."""
+        async with contextlib.aclosing(self.bus.messages()) as messages:
+            async for message in messages:
+                await self._on_message(message)
 
     # -- monitor side ---------------------------------------------------------------------
     async def _handle(self, out: MonitorOutput) -> None:

@@ -58,6 +58,8 @@ from linkguard.models import (
     BadMessage,
     HostInventory,
     HostStatus,
+    PeerRoutes,
+    Plan,
     PortState,
     ProbeReport,
     ProbeTargets,
@@ -111,6 +113,21 @@ class EffectExecutor:
     def stats(self) -> AgentStats:
         """The core's counters."""
         return self.core.stats
+
+    @property
+    def term(self) -> int:
+        """The highest leader term seen (the core's; persisted in ``state_dir/term``)."""
+        return self.core.term
+
+    @property
+    def plan_received(self) -> Plan | None:
+        """The last plan off the bus (compact or full)."""
+        return self.core.plan_received
+
+    @property
+    def peers(self) -> dict[str, PeerRoutes]:
+        """Retained peer routes, by peer."""
+        return self.core.peers
 
     async def execute(self, effects: Iterable[Effect]) -> None:
         """Run ``effects`` in order; the core's answers to an apply run right after it."""
