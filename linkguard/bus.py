@@ -2,12 +2,13 @@
 
 Consumes: a broker address or a list of them (the nodes of a broker cluster), optional TLS
 parameters (:class:`TlsConfig`) and credentials, and the topics to subscribe to. Produces:
-decoded-later raw messages to a handler, and publishes (QoS 1). Uses MQTT 3.1.1 only, so
-Mosquitto, NATS's MQTT listener and the embedded amqtt broker all work.
-The connection is kept by :meth:`Bus.run`: on any error it waits a jittered exponential
-backoff (min..max, full jitter) and reconnects, resubscribes and calls ``on_connect`` (which
-re-publishes current state, so a broker outage never replays stale state). With several
-brokers each failed attempt or lost connection moves to the next one, round robin
+raw messages (:meth:`Bus.messages`, or to a handler), and publishes (QoS 1). Uses MQTT 3.1.1
+only, so Mosquitto, NATS's MQTT listener and the embedded amqtt broker all work.
+The connection is kept by :meth:`Bus.messages` (:mod:`linkguard.buslife`, shared with the
+in-memory bus): on any error it waits a jittered exponential backoff (min..max, full jitter)
+and reconnects, resubscribes and calls ``on_connect`` (which re-publishes current state, so a
+broker outage never replays stale state). With several brokers each failed attempt or lost
+connection moves to the next one, round robin
 (``bus_connected broker=host:port`` says where the session is); the last will goes with
 every connection.
 
@@ -26,10 +27,10 @@ forbids is acknowledged and silently dropped by Mosquitto: the publisher cannot 
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,11 +38,14 @@ from typing import Protocol
 import aiomqtt
 import structlog
 
+from linkguard.buslife import BusLife, BusMessage, Handler, Will
+
 __all__ = [
     "Bus",
     "BusConnectTimeout",
     "BusMessage",
     "BusSession",
+    "Handler",
     "SubscriptionRefused",
     "TlsConfig",
     "Will",
@@ -58,21 +62,6 @@ PENDING_CALLS_WARN = 4096
 #: an incoming message waits for the broker's delayed ACK of that PUBACK, ~40 ms on Linux
 #: (measured on the namespace lab: plans reached agents 32-35 ms after the service sent them).
 NO_DELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
-
-
-@dataclass(frozen=True)
-class BusMessage:
-    topic: str
-    payload: bytes
-    retain: bool
-
-
-@dataclass(frozen=True)
-class Will:
-    """Last will: published retained by the broker when this client vanishes."""
-
-    topic: str
-    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -156,9 +145,6 @@ def _explain(exc: Exception, *, tls: bool) -> tuple[str, str | None, bool]:
     return text, None, False
 
 
-Handler = Callable[[BusMessage], Awaitable[None]]
-
-
 def _reraise_lost_cancel() -> None:
     """Raise CancelledError when the current task is being cancelled but got here anyway.
 
@@ -200,6 +186,7 @@ class BusSession(Protocol):
 
     @property
     def connected(self) -> asyncio.Event: ...
+    def messages(self) -> AsyncGenerator[BusMessage, None]: ...
     async def run(self) -> None: ...
     async def close(self) -> None: ...
     async def wait_connected(self, timeout: float) -> None: ...
@@ -208,10 +195,12 @@ class BusSession(Protocol):
     ) -> bool: ...
 
 
-class Bus:
+class Bus(BusLife):
     """One MQTT session that reconnects by itself.
 
-    ``async with Bus(...) as bus`` starts the connection task; ``publish`` returns False (and
+    A wiring module reads ``async for message in bus.messages()`` (the session's lifetime is
+    :class:`~linkguard.buslife.BusLife`'s); ``async with Bus(...) as bus`` instead starts a
+    task that hands each message to ``handler``. ``publish`` returns False (and
     drops the message) while disconnected: callers re-publish their current state from
     ``on_connect``. Raises nothing on broker failures; they are logged and retried, and the
     last one is kept in :attr:`last_error` (None once connected).
@@ -269,6 +258,7 @@ class Bus:
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._timeout = timeout_s
         self._client: aiomqtt.Client | None = None
+        self._lost = (aiomqtt.MqttError,)
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.connects = 0
@@ -295,10 +285,6 @@ class Bus:
             )
 
     @property
-    def client_id(self) -> str:
-        return self._client_id
-
-    @property
     def broker(self) -> str:
         """``host:port`` of the broker connected to (while connected) or tried next."""
         host, port = self._brokers[self._at]
@@ -308,19 +294,6 @@ class Bus:
     def brokers(self) -> list[str]:
         """Every broker of the list, ``host:port``, in the order they are tried."""
         return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self._brokers]
-
-    async def __aenter__(self) -> Bus:
-        self._task = asyncio.create_task(self.run(), name=f"bus:{self._client_id}")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def wait_connected(self, timeout: float) -> None:
         """Wait until connected. Raises :class:`BusConnectTimeout` (a TimeoutError) after
@@ -364,11 +337,6 @@ class Bus:
             return self._tls.context()
         except OSError as exc:  # ssl.SSLError included
             raise aiomqtt.MqttError(f"TLS files: {exc}") from None
-
-    def _delay(self, attempt: int) -> float:
-        """Full-jitter exponential backoff (s) before attempt number ``attempt`` (1, 2, ...)."""
-        lo, hi = self._backoff
-        return random.uniform(lo, min(hi, lo * 2**attempt))
 
     async def _subscribe_all(self, client: aiomqtt.Client) -> None:
         """Subscribe every filter; retry the refused ones (SUBACK 0x80) in the same session,
@@ -417,94 +385,82 @@ class Bus:
             await asyncio.sleep(delay)
             pending = denied
 
-    async def run(self) -> None:
-        """Connect, subscribe, dispatch; reconnect forever with jittered backoff, moving to the
-        next broker of the list after each failure."""
-        attempt = 0
-        while True:
-            will = (
-                aiomqtt.Will(self._will.topic, self._will.payload, qos=1, retain=True)
-                if self._will
-                else None
-            )
-            host, port = self._brokers[self._at]
-            try:
-                async with aiomqtt.Client(
-                    host,
-                    port,
-                    identifier=self._client_id,
-                    username=self._username,
-                    password=self._password,
-                    tls_context=self._tls_context(),
-                    protocol=aiomqtt.ProtocolVersion.V311,
-                    clean_session=True,
-                    keepalive=self._keepalive,
-                    will=will,
-                    timeout=self._timeout,
-                    max_inflight_messages=MAX_INFLIGHT,
-                    socket_options=NO_DELAY,
-                ) as client:
-                    # the service publishes a plan per changed host at once (hundreds of QoS 1
-                    # calls awaiting their PUBACKs): expected, not worth aiomqtt's warning at 10
-                    client.pending_calls_threshold = PENDING_CALLS_WARN
-                    self._client = client
-                    await self._subscribe_all(client)
-                    self.connected.set()
-                    self.connects += 1
-                    self.last_error = self.last_hint = None
-                    self.last_refused = False
-                    attempt = 0
-                    log.info(
-                        "bus_connected",
-                        broker=self.broker,
-                        client_id=self._client_id,
-                        connects=self.connects,
-                    )
-                    if self._on_connect is not None:
-                        await self._on_connect()
-                    async for message in client.messages:
-                        if self._handler is None:
-                            continue
-                        payload = message.payload
-                        if isinstance(payload, str):
-                            payload = payload.encode()
-                        elif not isinstance(payload, bytes | bytearray):
-                            payload = b"" if payload is None else str(payload).encode()
-                        await self._handler(
-                            BusMessage(str(message.topic), bytes(payload), bool(message.retain))
-                        )
-                        _reraise_lost_cancel()
-            except aiomqtt.MqttError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # aiomqtt's __aexit__ can turn our cancellation into an MqttError (its
-                    # disconnect timed out): we are stopping, not reconnecting.
-                    raise asyncio.CancelledError from exc
-                attempt += 1
-                delay = self._delay(attempt)
-                if isinstance(exc, SubscriptionRefused):
-                    self.last_error, self.last_hint, refused = str(exc), _SUB_REFUSED_HINT, False
-                else:
-                    tls = self._tls is not None
-                    self.last_error, self.last_hint, refused = _explain(exc, tls=tls)
-                self.last_refused = refused
-                fields = {
-                    "broker": self.broker,
-                    "error": self.last_error,
-                    "retry_in_s": round(delay, 2),
-                    "attempt": attempt,
-                }
-                if len(self._brokers) > 1:
-                    self._at = (self._at + 1) % len(self._brokers)
-                    self.failovers += 1
-                    fields["next_broker"] = self.broker
-                if self.last_hint is not None:
-                    fields["hint"] = self.last_hint
-                if refused:
-                    log.error("bus_refused", **fields, user=self._username)
-                else:
-                    log.warning("bus_disconnected", **fields)
-            finally:
-                self._client = None
-                self.connected.clear()
-            await asyncio.sleep(delay)
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[AsyncGenerator[BusMessage, None]]:
+        """Connect to the current broker (with the last will), subscribe every filter; the
+        session's messages; disconnect on the way out."""
+        will = (
+            aiomqtt.Will(self._will.topic, self._will.payload, qos=1, retain=True)
+            if self._will
+            else None
+        )
+        host, port = self._brokers[self._at]
+        try:
+            async with aiomqtt.Client(
+                host,
+                port,
+                identifier=self._client_id,
+                username=self._username,
+                password=self._password,
+                tls_context=self._tls_context(),
+                protocol=aiomqtt.ProtocolVersion.V311,
+                clean_session=True,
+                keepalive=self._keepalive,
+                will=will,
+                timeout=self._timeout,
+                max_inflight_messages=MAX_INFLIGHT,
+                socket_options=NO_DELAY,
+            ) as client:
+                # the service publishes a plan per changed host at once (hundreds of QoS 1
+                # calls awaiting their PUBACKs): expected, not worth aiomqtt's warning at 10
+                client.pending_calls_threshold = PENDING_CALLS_WARN
+                self._client = client
+                await self._subscribe_all(client)
+                yield self._receive(client)
+        finally:
+            self._client = None
+
+    @staticmethod
+    async def _receive(client: aiomqtt.Client) -> AsyncGenerator[BusMessage, None]:
+        """The session's messages as :class:`BusMessage` (payload as bytes)."""
+        async for message in client.messages:
+            payload = message.payload
+            if isinstance(payload, str):
+                payload = payload.encode()
+            elif not isinstance(payload, bytes | bytearray):
+                payload = b"" if payload is None else str(payload).encode()
+            yield BusMessage(str(message.topic), bytes(payload), bool(message.retain))
+
+    def _session_up(self) -> None:
+        self.last_error = self.last_hint = None
+        self.last_refused = False
+
+    async def _after_message(self) -> None:
+        _reraise_lost_cancel()
+
+    def _session_lost(self, exc: Exception, *, attempt: int, delay: float) -> None:
+        """Keep why (:attr:`last_error`, :attr:`last_hint`, :attr:`last_refused`), move to the
+        next broker of the list, log ``bus_refused`` (an error: the configuration must
+        change) or ``bus_disconnected``."""
+        if isinstance(exc, SubscriptionRefused):
+            self.last_error, self.last_hint, refused = str(exc), _SUB_REFUSED_HINT, False
+        else:
+            tls = self._tls is not None
+            self.last_error, self.last_hint, refused = _explain(exc, tls=tls)
+        self.last_refused = refused
+        fields = {
+            "broker": self.broker,
+            "error": self.last_error,
+            "retry_in_s": round(delay, 2),
+            "attempt": attempt,
+        }
+        if len(self._brokers) > 1:
+            self._at = (self._at + 1) % len(self._brokers)
+            self.failovers += 1
+            fields["next_broker"] = self.broker
+        if self.last_hint is not None:
+            fields["hint"] = self.last_hint
+        if refused:
+            log.error("bus_refused", **fields, user=self._username)
+        else:
+            log.warning("bus_disconnected", **fields)

@@ -35,15 +35,15 @@ match the topic (cached per topic), then one deque append per receiving session.
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import structlog
 
-from linkguard.bus import BusMessage, Handler, Will
+from linkguard.buslife import BusLife, BusMessage, Handler, Will
 
 __all__ = ["MemoryBroker", "MemoryBus", "matches", "validate_filter", "validate_topic"]
 
@@ -308,15 +308,17 @@ class MemoryBroker:
             self._publish(session.will.topic, session.will.payload, retain=True)
 
 
-class MemoryBus:
+class MemoryBus(BusLife):
     """One session on a :class:`MemoryBroker`, with :class:`~linkguard.bus.Bus`'s public
-    surface: ``async with``, :meth:`close`, :meth:`publish`, :meth:`run`,
+    surface: ``async with``, :meth:`close`, :meth:`publish`, :meth:`messages`, :meth:`run`,
     :meth:`wait_connected`, ``connected`` (asyncio.Event), ``connects``.
 
-    :meth:`run` is the session's one consumer task: it connects, subscribes, calls
-    ``on_connect`` and then hands each message to ``handler`` in order; on a dropped session
-    it waits ``uniform(min, min(max, min * 2**attempt))`` seconds and reconnects. It raises
-    only what ``handler``/``on_connect`` raise and ValueError for an invalid filter.
+    :meth:`messages` (:mod:`linkguard.buslife`, the lifetime it shares with the MQTT bus)
+    connects, subscribes, calls ``on_connect`` and then yields each message in order; on a
+    dropped session it waits ``uniform(min, min(max, min * 2**attempt))`` seconds and
+    reconnects. :meth:`run` (the session's one consumer task under ``async with``) hands them
+    to ``handler``. They raise only what ``handler``/``on_connect`` raise and ValueError for an
+    invalid filter.
     """
 
     def __init__(
@@ -343,35 +345,22 @@ class MemoryBus:
         # nothing to reach, encrypt, authenticate or time out
         del host, port, brokers, subscribe_qos, username, password, tls, keepalive_s, timeout_s
         self._broker = broker
-        self._where = "memory"
         self._client_id = client_id
         self._subscriptions = list(subscriptions)
         self._handler = handler
         self._on_connect = on_connect
         self._will = will
         self._backoff = (reconnect_min_s, reconnect_max_s)
-        self._session: _Session | None = None
+        self._session_now: _Session | None = None
         self._task: asyncio.Task[None] | None = None
+        self._lost = (_ConnectionLost,)
         self.connected = asyncio.Event()
         self.connects = 0
 
     @property
-    def client_id(self) -> str:
-        return self._client_id
-
-    async def __aenter__(self) -> MemoryBus:
-        self._task = asyncio.create_task(self.run(), name=f"bus:{self._client_id}")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Clean disconnect (no will) and stop the task started by ``async with``."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    def broker(self) -> str:
+        """Where the session is, for the logs: ``memory``."""
+        return "memory"
 
     async def wait_connected(self, timeout: float) -> None:
         """TimeoutError after ``timeout`` seconds without a connection."""
@@ -383,7 +372,7 @@ class MemoryBus:
         """Publish; False (message dropped) when not connected. ValueError on a topic with
         wildcards, an empty topic or a QoS outside 0..2. Yields to the loop once, as a
         network publish does."""
-        session = self._session
+        session = self._session_now
         if session is None or session.dropped is not None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)
             return False
@@ -396,58 +385,40 @@ class MemoryBus:
         await asyncio.sleep(0)
         return True
 
-    async def run(self) -> None:
-        """Connect, subscribe, dispatch; reconnect forever with jittered backoff."""
-        attempt = 0
-        while True:
-            session: _Session | None = None
-            try:
-                session = self._broker._connect(self._client_id, self._will)
-                self._session = session
-                for sub in self._subscriptions:  # (filter, QoS): delivery is in-process
-                    self._broker._subscribe(session, sub if isinstance(sub, str) else sub[0])
-                self.connected.set()
-                self.connects += 1
-                attempt = 0
-                log.info(
-                    "bus_connected",
-                    broker=self._where,
-                    client_id=self._client_id,
-                    connects=self.connects,
-                )
-                if self._on_connect is not None:
-                    await self._on_connect()
-                await self._consume(session)
-            except _ConnectionLost as exc:
-                attempt += 1
-                lo, hi = self._backoff
-                delay = random.uniform(lo, min(hi, lo * 2**attempt))
-                log.warning(
-                    "bus_disconnected",
-                    broker=self._where,
-                    error=str(exc),
-                    retry_in_s=round(delay, 2),
-                    attempt=attempt,
-                )
-            finally:
-                if session is not None:
-                    self._broker._end(session, None, will=False)  # clean: no will
-                self._session = None
-                self.connected.clear()
-            await asyncio.sleep(delay)
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[AsyncGenerator[BusMessage, None]]:
+        """Connect (refused while the broker is stopped: :class:`_ConnectionLost`), subscribe
+        (ValueError for an invalid filter); the session's messages; a clean end (no will)."""
+        session = self._broker._connect(self._client_id, self._will)
+        self._session_now = session
+        try:
+            for sub in self._subscriptions:  # (filter, QoS): delivery is in-process
+                self._broker._subscribe(session, sub if isinstance(sub, str) else sub[0])
+            yield self._consume(session)
+        finally:
+            self._broker._end(session, None, will=False)  # clean: no will
+            self._session_now = None
 
-    async def _consume(self, session: _Session) -> None:
-        """Hand queued messages to the handler until the broker ends the session; what was
-        queued before the end is still handled (it had reached the client)."""
+    async def _after_message(self) -> None:
+        await asyncio.sleep(0)  # one message per turn, as aiomqtt's iterator yields
+
+    def _session_lost(self, exc: Exception, *, attempt: int, delay: float) -> None:
+        log.warning(
+            "bus_disconnected",
+            broker=self.broker,
+            error=str(exc),
+            retry_in_s=round(delay, 2),
+            attempt=attempt,
+        )
+
+    async def _consume(self, session: _Session) -> AsyncGenerator[BusMessage, None]:
+        """The queued messages, until the broker ends the session (:class:`_ConnectionLost`);
+        what was queued before the end is still handed out (it had reached the client)."""
         loop = asyncio.get_running_loop()
         queue = session.queue
-        handler = self._handler
         while True:
             if queue:
-                msg = queue.popleft()
-                if handler is not None:
-                    await handler(msg)
-                await asyncio.sleep(0)  # one message per turn, as aiomqtt's iterator yields
+                yield queue.popleft()
                 continue
             if session.dropped is not None:
                 raise _ConnectionLost(session.dropped)

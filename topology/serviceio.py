@@ -41,7 +41,14 @@ from linkguard.signing import Signer
 from linkguard.topology.audit import audit, format_json
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.core import ServiceCore
-from linkguard.topology.effects import Effect, PublishPlans
+from linkguard.topology.effects import (
+    AnnounceOnline,
+    ClearRetained,
+    ClearStalePlans,
+    Effect,
+    PublishPlans,
+    Reissue,
+)
 from linkguard.topology.fabric import Fabric, check_servable, generate_rail_optimized, load_fabric
 
 if TYPE_CHECKING:
@@ -105,6 +112,7 @@ class ServiceIO:
     _audit_kick: asyncio.Event
     _resend_kick: asyncio.Event
     _won: asyncio.Event
+    _reissuing: dict[str, asyncio.Task[None]]
     _started: float
     ledger: Ledger | None
 
@@ -153,10 +161,35 @@ class ServiceIO:
         self._probe_targets_sent: list[tuple[str, bytes]] = []
 
     async def _execute(self, effects: list[Effect]) -> None:
-        raise NotImplementedError  # the wiring's
+        """Carry out the core's ``effects`` in order: the publishes here, the rest (no await:
+        logs, changes, wake-ups, timers) by the wiring's :meth:`_execute_now`."""
+        for e in effects:
+            if isinstance(e, PublishPlans):
+                await self._publish_plans(e)
+            elif isinstance(e, ClearRetained):  # once: the next foreign message asks again
+                for topic in e.topics:
+                    await self.bus.publish(topic, b"", retain=True)
+            elif isinstance(e, ClearStalePlans):
+                await self._clear_stale_plans()
+            elif isinstance(e, AnnounceOnline):
+                await self._announce()
+            else:
+                self._execute_now([e])
+
+    async def _reissue_at(self, e: Reissue) -> None:
+        """Put this service's own message back at ``e.at`` (the ``reissue:<topic>`` task's
+        body; the wiring starts it)."""
+        try:
+            delay = e.at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._execute(self.core.reissue_due(e.kind, e.host, time.monotonic()))
+        finally:
+            self.core.integrity.reissue_done(e.topic)
+            self._reissuing.pop(e.topic, None)
 
     def _execute_now(self, effects: list[Effect]) -> None:
-        raise NotImplementedError  # the wiring's
+        raise NotImplementedError  # the wiring's: it starts the reissue tasks
 
     def _status(self, *, online: bool) -> ServiceStatus:
         lead = self.leadership.describe() if online and self.leadership.elected else {}

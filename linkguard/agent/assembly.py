@@ -16,6 +16,8 @@ import structlog
 
 from linkguard import topics
 from linkguard.agent.applier import Applier, RouteTableLike
+from linkguard.agent.core import AgentCore
+from linkguard.agent.inbox import Inbox
 from linkguard.agent.inventory import (
     DiscoveredPort,
     build_inventory,
@@ -39,12 +41,15 @@ __all__ = [
     "hold_agent_lock",
     "log_plan_verification",
     "make_applier",
+    "make_core",
+    "make_inbox",
     "make_inventory",
     "make_monitor",
     "make_prober",
     "make_rails_socket",
     "make_source",
     "make_table",
+    "make_verifier",
     "read_layout",
     "subscriptions",
     "warn_ignored",
@@ -312,6 +317,37 @@ def make_applier(
         route_source=s.routes.source == "endpoint",
         rto_min_ms=s.routes.rto_min_ms,
         neighbour_flush=s.routes.neighbour_flush,
+    )
+
+
+def make_verifier(settings: AgentSettings) -> Verifier | None:
+    """The service's public key (``service_public_key``; None: plans are applied unverified).
+    Raises KeyFileError (a ConfigError) for a key file that cannot be read."""
+    key = settings.service_public_key
+    return Verifier.from_file(key) if key is not None else None
+
+
+def make_core(
+    settings: AgentSettings, netdevs: Collection[str], verifier: Verifier | None, term_path: str
+) -> AgentCore:
+    """The agent's decisions (fast path, plan acceptance, peer routes, leader term): deletions
+    only signed when plans are verified and ``require_signed_plans``."""
+    return AgentCore(
+        host=settings.host,
+        netdevs=netdevs,
+        prefixes=settings.endpoint_prefixes,
+        signed_deletions_only=verifier is not None and settings.require_signed_plans,
+        term_path=term_path,
+    )
+
+
+def make_inbox(settings: AgentSettings, core: AgentCore, verifier: Verifier | None) -> Inbox:
+    """The bus messages' checks (size ``bus.max_message_bytes``, signature, model)."""
+    return Inbox(
+        core,
+        verifier=verifier,
+        require_signed=settings.require_signed_plans,
+        max_bytes=settings.bus.max_message_bytes,
     )
 
 

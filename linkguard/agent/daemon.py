@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -44,36 +43,32 @@ from linkguard.agent.assembly import (
     hold_agent_lock,
     log_plan_verification,
     make_applier,
+    make_core,
+    make_inbox,
     make_inventory,
     make_monitor,
     make_prober,
     make_rails_socket,
     make_source,
     make_table,
+    make_verifier,
     read_layout,
     subscriptions,
 )
-from linkguard.agent.core import AgentCore, AgentStats
+from linkguard.agent.core import AgentStats
+from linkguard.agent.dispatch import MessageDispatch
 from linkguard.agent.effects import FlushNeighbours
-from linkguard.agent.executor import EffectExecutor
 from linkguard.agent.hooks import HookRunner
-from linkguard.agent.inbox import Inbox
 from linkguard.agent.inventory import DiscoveredPort
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.railmap import RailChanges
 from linkguard.agent.statefiles import StateFiles
-from linkguard.bus import Bus, BusMessage, BusSession, Will
+from linkguard.bus import Bus, BusSession, Will
 from linkguard.config import AgentSettings
 from linkguard.drivers.base import PortSource
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
-    Ack,
-    AckResult,
-    BadMessage,
     HostStatus,
-    PeerRoutes,
-    Plan,
-    decode,
     encode,
 )
 from linkguard.nccl import NcclFiles
@@ -92,7 +87,7 @@ log = structlog.get_logger(__name__)
 PRESENCE_SETTLE_S = 0.3
 
 
-class Agent(EffectExecutor):
+class Agent(MessageDispatch):
     """One host's agent. ``await agent.run()`` until cancelled or :meth:`stop`."""
 
     def __init__(
@@ -111,11 +106,8 @@ class Agent(EffectExecutor):
         self.me = Me()
         self.inventory = make_inventory(settings, discovered)
         self.rails = {h.key: h.rail for h in self.inventory.hcas}
-        #: the service's public key (None: plans are applied unverified); KeyFileError (a
-        #: ConfigError) for a key file that cannot be read
-        self.verifier: Verifier | None = (
-            Verifier.from_file(s.service_public_key) if s.service_public_key is not None else None
-        )
+        #: the service's public key (None: plans are applied unverified)
+        self.verifier: Verifier | None = make_verifier(settings)
         self.require_signed = s.require_signed_plans
         self.source = source if source is not None else make_source(settings, self.inventory)
         self.table = table if table is not None else make_table(settings)
@@ -128,19 +120,8 @@ class Agent(EffectExecutor):
         netdevs = {h.netdev for h in self.inventory.hcas if h.netdev}
         self.applier = make_applier(settings, self.table, netdevs, self.verifier)
         #: the decisions: fast path, plan acceptance, peer routes, leader term
-        self.core = AgentCore(
-            host=self.host,
-            netdevs=netdevs,
-            prefixes=s.endpoint_prefixes,
-            signed_deletions_only=self.verifier is not None and self.require_signed,
-            term_path=str(self.files.term_path),
-        )
-        self.inbox = Inbox(
-            self.core,
-            verifier=self.verifier,
-            require_signed=self.require_signed,
-            max_bytes=s.bus.max_message_bytes,
-        )
+        self.core = make_core(settings, netdevs, self.verifier, str(self.files.term_path))
+        self.inbox = make_inbox(settings, self.core, self.verifier)
         #: NCCL settings for jobs starting now, next to the rail map (linkguard.nccl)
         self.nccl = NcclFiles(s.rail_map_path.parent, topology_file=s.nccl_topo_file)
         #: what jobs see: changes go to the hooks and the rails socket (linkguard.agent.railmap)
@@ -165,25 +146,9 @@ class Agent(EffectExecutor):
             **s.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
             subscriptions=subscriptions(settings),
-            handler=self._on_message,  # bus -> core (plans, peer routes), presence, probes
             on_connect=self._on_connect,
             will=Will(topics.status(self.host), encode(self._status(online=False, reason="lost"))),
         )
-
-    @property
-    def term(self) -> int:
-        """The highest leader term seen (the core's; persisted in ``state_dir/term``)."""
-        return self.core.term
-
-    @property
-    def plan_received(self) -> Plan | None:
-        """The last plan off the bus (compact or full)."""
-        return self.core.plan_received
-
-    @property
-    def peers(self) -> dict[str, PeerRoutes]:
-        """Retained peer routes, by peer."""
-        return self.core.peers
 
     def stop(self) -> None:
         self._stop.set()
@@ -217,24 +182,10 @@ class Agent(EffectExecutor):
         self.inventory = await read_layout(self.settings, self.inventory)
         async with self._lock:
             await self.applier.start()
-        if self.applier.restored is not None:  # retained copies of these change nothing,
-            # and older ones (replays) are stale against them
-            received, peers = self.applier.restored
-            self.core.restore(received=received, peers=peers)
-        self._restore_term()
-        if self.applier.plan is not None:  # announced on connect: replaces a stale one
-            errors = self.applier.last_result.errors if self.applier.last_result else []
-            self.last_ack = Ack(
-                host=self.host,
-                epoch=self.applier.plan.epoch,
-                result=AckResult.FAILED if errors else AckResult.APPLIED,
-                error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
-                applied_at=time.time(),
-            )
-            self._rail_change("start")
+        self._restore_previous_run()
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.bus.run(), name="bus")
+                tg.create_task(self._receive(), name="bus")  # bus -> core, prober
                 tg.create_task(self._watch(), name="watch")
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
@@ -263,23 +214,6 @@ class Agent(EffectExecutor):
                 self._announcer.cancel()
             await self._shutdown()
 
-    def _restore_term(self) -> None:
-        """The highest term of the previous run: its file, or the restored plan's and peer
-        routes' (whichever is higher). An unreadable file counts as 0 (logged)."""
-        self.core.restore_term(self.files.read_term())
-
-    async def _expect_plan(self, after_s: float = 30.0) -> None:
-        """Warn (once) when no plan arrived: the host is unprotected until one does."""
-        await self.bus.connected.wait()
-        await asyncio.sleep(after_s)
-        if self.applier.plan is None:
-            log.warning(
-                "no_plan_yet",
-                host=self.host,
-                waited_s=after_s,
-                hint="is this host name in the service's fabric? is the service up?",
-            )
-
     # -- bus side -------------------------------------------------------------------------
     async def _on_connect(self) -> None:
         """Announce ``online``, then (after :data:`PRESENCE_SETTLE_S`, in the background) the
@@ -293,51 +227,12 @@ class Agent(EffectExecutor):
         self._announced = False
         self._announcer = asyncio.create_task(self._announce(PRESENCE_SETTLE_S), name="announce")
 
-    async def _on_status(self, msg: BusMessage) -> None:
-        try:
-            seen = decode(HostStatus, msg.payload, topic=msg.topic, expect_host=self.host)
-        except BadMessage as exc:
-            self.inbox.drop(msg, exc.reason, exc.detail)
-            return
-        await self.execute(self.core.on_status(seen, me=self.me, retained=msg.retain))
-
-    async def _on_message(self, msg: BusMessage) -> None:
-        parsed = topics.parse(msg.topic)
-        if parsed is not None and parsed.kind == "status" and parsed.host == self.host:
-            await self._on_status(msg)
-            return
-        if parsed is not None and parsed.kind == "peers":
-            await self._on_peer_routes(msg, parsed.host)
-            return
-        if parsed is not None and parsed.kind == "probe_targets" and parsed.host == self.host:
-            self._on_probe_targets(msg)
-            return
-        if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
-            self.stats.messages_dropped["unexpected_topic"] += 1
-            log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
-            return
-        if not msg.payload:
-            self.core.plan_cleared(applied_epoch=self.applier.applied_epoch)
-            return
-        self.core.plan_seen()
-        plan = self.inbox.decode(Plan, msg, self.host)
-        if plan is not None:
-            effects = self.core.on_plan(
-                plan, raw=msg.payload, topic=msg.topic, applied=self.applier.plan, now=time.time()
-            )
-            await self.execute(effects)
-
-    async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
-        """``peers/<peer>``: decoded (a zero-length payload: deleted) -> core -> effects."""
-        pr = self.inbox.decode(PeerRoutes, msg, peer) if msg.payload else None
-        if pr is None and msg.payload:
-            return
-        now = time.time()
-        applied = self.applier.plan
-        effects = self.core.on_peer_routes(
-            peer, pr, raw=msg.payload, topic=msg.topic, applied=applied, now=now
-        )
-        await self.execute(effects)
+    async def _receive(self) -> None:
+        """bus -> :meth:`_on_message` (plans, peer routes, status, probe targets) in arrival
+        order; leaving ends the session cleanly (no last will)."""
+        async with contextlib.aclosing(self.bus.messages()) as messages:
+            async for message in messages:
+                await self._on_message(message)
 
     # -- monitor side ---------------------------------------------------------------------
     async def _handle(self, out: MonitorOutput) -> None:
@@ -375,14 +270,6 @@ class Agent(EffectExecutor):
                 continue
             out = self.monitor.tick(now=time.monotonic(), wall=time.time())
             await self._handle(out)
-
-    async def _refresh(self) -> None:
-        """Re-publish every port state each ``refresh_interval_s``, +-10 % at random: agents
-        started together (a fleet reboot) do not refresh in one burst on the broker."""
-        while True:
-            await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
-            for st in self.monitor.snapshot(wall=time.time()):
-                await self._publish_state(st)
 
 
 class _Stopped(Exception):

@@ -54,9 +54,12 @@ from linkguard.bus import BusMessage, BusSession
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
     Ack,
+    AckResult,
     BadMessage,
     HostInventory,
     HostStatus,
+    PeerRoutes,
+    Plan,
     PortState,
     ProbeReport,
     ProbeTargets,
@@ -110,6 +113,21 @@ class EffectExecutor:
     def stats(self) -> AgentStats:
         """The core's counters."""
         return self.core.stats
+
+    @property
+    def term(self) -> int:
+        """The highest leader term seen (the core's; persisted in ``state_dir/term``)."""
+        return self.core.term
+
+    @property
+    def plan_received(self) -> Plan | None:
+        """The last plan off the bus (compact or full)."""
+        return self.core.plan_received
+
+    @property
+    def peers(self) -> dict[str, PeerRoutes]:
+        """Retained peer routes, by peer."""
+        return self.core.peers
 
     async def execute(self, effects: Iterable[Effect]) -> None:
         """Run ``effects`` in order; the core's answers to an apply run right after it."""
@@ -227,6 +245,31 @@ class EffectExecutor:
             self.rails_socket.publish(change)
 
     # -- presence, probes, shutdown -----------------------------------------------------
+    def _restore_previous_run(self) -> None:
+        """After the applier's start: the plan and peer routes it restored go to the core
+        (retained copies of these change nothing, and older ones, replays, are stale against
+        them), the term too (:meth:`_restore_term`), and the restored plan's ack is kept to be
+        announced on connect (it replaces a stale one); the rail change of the start."""
+        if self.applier.restored is not None:
+            received, peers = self.applier.restored
+            self.core.restore(received=received, peers=peers)
+        self._restore_term()
+        if self.applier.plan is not None:
+            errors = self.applier.last_result.errors if self.applier.last_result else []
+            self.last_ack = Ack(
+                host=self.host,
+                epoch=self.applier.plan.epoch,
+                result=AckResult.FAILED if errors else AckResult.APPLIED,
+                error="; ".join(f"{d}: {m}" for d, m in errors)[:2000] or None,
+                applied_at=time.time(),
+            )
+            self._rail_change("start")
+
+    def _restore_term(self) -> None:
+        """The highest term of the previous run: its file, or the restored plan's and peer
+        routes' (whichever is higher). An unreadable file counts as 0 (logged)."""
+        self.core.restore_term(self.files.read_term())
+
     def _status(
         self, *, online: bool, reason: Literal["stopped", "lost"] | None = None
     ) -> HostStatus:

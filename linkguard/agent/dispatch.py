@@ -1,0 +1,101 @@
+"""The agent's bus side: each message to the part that decides on it, and the periodic
+publishes.
+
+Consumes: raw bus messages (:class:`~linkguard.bus.BusMessage`) on the agent's own
+``status``, ``plans/<host>``, ``peers/+`` and ``probes/<host>`` topics. Produces: decoded
+plans, peer routes and status messages handed to :class:`~linkguard.agent.core.AgentCore`
+(through :mod:`linkguard.agent.inbox`: size, signature, model) and its effects run in order
+(:class:`~linkguard.agent.executor.EffectExecutor`); probe targets handed to the prober; a
+message on any other topic dropped and counted (``unexpected_topic``). Also the port states
+re-published each ``refresh_interval_s`` and the ``no_plan_yet`` warning. Creates no task:
+:mod:`linkguard.agent.daemon` (the wiring module) runs these in its ``bus``, ``refresh`` and
+``expect-plan`` tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import structlog
+
+from linkguard import topics
+from linkguard.agent.executor import EffectExecutor
+from linkguard.bus import BusMessage
+from linkguard.models import BadMessage, HostStatus, PeerRoutes, Plan, decode
+
+__all__ = ["MessageDispatch"]
+
+log = structlog.get_logger(__name__)
+
+
+class MessageDispatch(EffectExecutor):
+    """Bus messages -> core -> effects, for :class:`~linkguard.agent.daemon.Agent` (a base)."""
+
+    async def _on_status(self, msg: BusMessage) -> None:
+        try:
+            seen = decode(HostStatus, msg.payload, topic=msg.topic, expect_host=self.host)
+        except BadMessage as exc:
+            self.inbox.drop(msg, exc.reason, exc.detail)
+            return
+        await self.execute(self.core.on_status(seen, me=self.me, retained=msg.retain))
+
+    async def _on_message(self, msg: BusMessage) -> None:
+        parsed = topics.parse(msg.topic)
+        if parsed is not None and parsed.kind == "status" and parsed.host == self.host:
+            await self._on_status(msg)
+            return
+        if parsed is not None and parsed.kind == "peers":
+            await self._on_peer_routes(msg, parsed.host)
+            return
+        if parsed is not None and parsed.kind == "probe_targets" and parsed.host == self.host:
+            self._on_probe_targets(msg)
+            return
+        if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
+            self.stats.messages_dropped["unexpected_topic"] += 1
+            log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
+            return
+        if not msg.payload:
+            self.core.plan_cleared(applied_epoch=self.applier.applied_epoch)
+            return
+        self.core.plan_seen()
+        plan = self.inbox.decode(Plan, msg, self.host)
+        if plan is not None:
+            effects = self.core.on_plan(
+                plan, raw=msg.payload, topic=msg.topic, applied=self.applier.plan, now=time.time()
+            )
+            await self.execute(effects)
+
+    async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
+        """``peers/<peer>``: decoded (a zero-length payload: deleted) -> core -> effects."""
+        pr = self.inbox.decode(PeerRoutes, msg, peer) if msg.payload else None
+        if pr is None and msg.payload:
+            return
+        now = time.time()
+        applied = self.applier.plan
+        effects = self.core.on_peer_routes(
+            peer, pr, raw=msg.payload, topic=msg.topic, applied=applied, now=now
+        )
+        await self.execute(effects)
+
+    # -- periodic ---------------------------------------------------------------------------
+    async def _expect_plan(self, after_s: float = 30.0) -> None:
+        """Warn (once) when no plan arrived: the host is unprotected until one does."""
+        await self.bus.connected.wait()
+        await asyncio.sleep(after_s)
+        if self.applier.plan is None:
+            log.warning(
+                "no_plan_yet",
+                host=self.host,
+                waited_s=after_s,
+                hint="is this host name in the service's fabric? is the service up?",
+            )
+
+    async def _refresh(self) -> None:
+        """Re-publish every port state each ``refresh_interval_s``, +-10 % at random: agents
+        started together (a fleet reboot) do not refresh in one burst on the broker."""
+        while True:
+            await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
+            for st in self.monitor.snapshot(wall=time.time()):
+                await self._publish_state(st)
