@@ -40,7 +40,7 @@ EXCEPTIONS = {
     "drivers/verbs_events.py": (2, "the verbs reader process's stderr drain and its reader"),
     "topology/leader.py": (1, "the etcd lease keepalive while this service holds the lease"),
     "topology/leader_k8s.py": (1, "the Kubernetes Lease renewal while holding it"),
-    "topology/api.py": (2, "a change stream's wait on its queue or the server's closing"),
+    "topology/apistream.py": (2, "a change stream's wait on its queue or the server's closing"),
     "simulations/live.py": (4, "a simulation harness: runs the service and agents it wires"),
     "simulations/fleet.py": (2, "a simulation harness: the service and one task per agent"),
 }
