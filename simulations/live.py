@@ -1062,12 +1062,10 @@ class _Live:
                     detail + f", limit {ex.max_reroute_ms:g} ms",
                 )
             )
-        if ex.max_plans_per_host_per_event is not None:
-            out.append(
-                ExpectResult.plans_per_event(
-                    r.max_plans_per_host_per_event, ex.max_plans_per_host_per_event
-                )
-            )
+        if (limit := ex.max_plans_per_host_per_event) is not None:
+            out.append(ExpectResult.plans_per_event(r.max_plans_per_host_per_event, limit))
+        if ex.fast_path:  # each down transition of one host's ports: a fast-path ack
+            out.append(ExpectResult.fast_path_acked(r.faults))
         return out
 
 
