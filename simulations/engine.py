@@ -162,7 +162,7 @@ class _Run:
         self.down: dict[Transition, str] = {}  # down transitions -> timeline kind
         self.timing: dict[Transition, float | None] = {}
         self.per_event: dict[Transition, Counter[str]] = defaultdict(Counter)
-        #: ports that went down in use (host, rail, at_s) and the first not moved at once
+        #: how many ports went down in use, and those not moved at once (host, rail, time)
         self.fast_path_wanted = 0
         self.fast_path_missed: list[str] = []
         self.report = RunReport(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from linkguard.cli import main
 from linkguard.simulations.engine import run
+from linkguard.simulations.runreport import ExpectResult
 from linkguard.simulations.scenario import (
     SCENARIOS_DIR,
     expand,
@@ -238,3 +240,19 @@ def test_fast_paths_of_the_shipped_outages() -> None:
         ("gpu003", 5.0)
     ]
     assert len(run(golden("flapping-link")).fast_paths) == 1
+
+
+def test_fast_path_acked_judges_a_real_runs_port_faults() -> None:
+    """``sim run --bus``'s ``fast_path``: each down transition of one host's ports (switch
+    faults have no host) needs a fast-path ack."""
+
+    def fault(host: str | None, ms: float | None, at_s: float = 3.0) -> SimpleNamespace:
+        return SimpleNamespace(host=host, fast_path_ms=ms, at_s=at_s)
+
+    ok = ExpectResult.fast_path_acked([fault("gpu001", 2.0), fault(None, None)])
+    assert (ok.held, ok.observed) == (True, 1)
+    bad = ExpectResult.fast_path_acked([fault("gpu001", 2.0), fault("gpu002", None, 4.0)])
+    assert (bad.held, bad.observed) == (False, 1)
+    assert bad.detail.endswith("(not: gpu002 at 4 s)")
+    none = ExpectResult.fast_path_acked([fault(None, None)])
+    assert not none.held and none.detail.endswith("(no port went down in use)")

@@ -86,6 +86,10 @@ def test_engine_and_real_processes_decide_the_same(
     applied, real_fast = record_real_decisions(monkeypatch)
     real = asyncio.run(live.run(loaded, bus="mosquitto", workdir=tmp_path))
     assert real.passed, real.failures
+    # `expect: fast_path` held in both (the real run: every one-host port fault was acked)
+    for report in (model, real):
+        held = [e.held for e in report.expectations if e.name == "fast_path"]
+        assert held == ([True] if loaded.scenario.expect.fast_path else [])
 
     # the same fast paths (the real run's in the order acked; the model's in time order)
     assert sorted(real_fast) == sorted(model_fast)
