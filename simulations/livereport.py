@@ -226,10 +226,8 @@ def live_expectations(ex: Expect, r: LiveReport) -> list[ExpectResult]:
                 detail + f", limit {ex.max_reroute_ms:g} ms",
             )
         )
-    if ex.max_plans_per_host_per_event is not None:
-        out.append(
-            ExpectResult.plans_per_event(
-                r.max_plans_per_host_per_event, ex.max_plans_per_host_per_event
-            )
-        )
+    if (limit := ex.max_plans_per_host_per_event) is not None:
+        out.append(ExpectResult.plans_per_event(r.max_plans_per_host_per_event, limit))
+    if ex.fast_path:  # each down transition of one host's ports: a fast-path ack
+        out.append(ExpectResult.fast_path_acked(r.faults))
     return out

@@ -110,6 +110,10 @@ class Expect(_Model):
     - ``max_reroute_ms``: every down transition's time to the last ack (ms) is at most this;
     - ``max_plans_per_host_per_event``: no host receives more plans (epochs) than this for one
       event (batching: a leaf reboot is one plan per host, not one per port);
+    - ``fast_path`` (True: checked): every host port that goes down in use (UP, UNKNOWN or
+      DEGRADED before) while its agent runs gets its agent's fast path at once (the backup of
+      the plan in place), and at least one does (``sim run --bus``: every down transition of
+      one host's ports got a fast-path ack; ``sim lab`` does not check it);
     - ``job_max_stall_ms`` (needs ``job:``; sim lab, with linkguard): every fault's job stall
       (the longest step beyond the median step, ms) is at most this;
     - ``job_rank_failures`` (needs ``job:``; sim lab, with linkguard): at most this many ranks
@@ -121,6 +125,7 @@ class Expect(_Model):
     reachability: bool = True
     max_reroute_ms: float | None = Field(None, gt=0, le=3_600_000)
     max_plans_per_host_per_event: int | None = Field(None, ge=1, le=1000)
+    fast_path: bool = False
     job_max_stall_ms: float | None = Field(None, gt=0, le=3_600_000)
     job_rank_failures: int | None = Field(None, ge=0, le=1024)
 

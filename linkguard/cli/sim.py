@@ -50,13 +50,14 @@ def _add_check(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _add_run(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sr = simsub.add_parser(
         "run",
-        help="replay a scenario through the real monitor and solver on a simulated clock",
+        help="replay a scenario through the real agent and service cores on a simulated clock",
         description="Replay a scenario deterministically, without bus or threads: the real "
-        "port monitor per host, the real service state and solver (solves scheduled by the "
-        "service's RFC 8405 back-off, plans applied at once), the oracle after every solve. "
-        "Prints solves, plans per host, reroute times, re-admissions, oracle mismatches and "
-        "which `expect` held. Broker, service and agent outages are modelled: nothing reaches "
-        "the service or the agents while away, the latest states once back. With "
+        "port monitor and agent core per host (fast path included), the real service core "
+        "(state, solver, solves scheduled by its RFC 8405 back-off, plans applied at once), "
+        "the oracle after every solve. Prints solves, plans per host, reroute times, fast "
+        "paths, re-admissions, oracle mismatches and which `expect` held. Broker, service and "
+        "agent outages are modelled: nothing reaches the service or the agents while away, "
+        "the latest states once back. With "
         "--bus mosquitto or memory, the scenario runs in real time on a simulated fleet instead: "
         "the real service and one real agent per host (simulated ports, in-memory route "
         "tables) over a private Mosquitto or the in-memory broker, outages included; it adds "

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from linkguard.cli import main
 from linkguard.simulations.engine import run
+from linkguard.simulations.runreport import ExpectResult
 from linkguard.simulations.scenario import (
     SCENARIOS_DIR,
     expand,
@@ -188,3 +190,69 @@ def test_mismatch_lines_say_how_many_were_not_shown() -> None:
         "    ... and 2 more (--json lists the first 20)",
     ]
     assert mismatch_lines(2, kept[:2]) == ["    m0", "    m1"]
+
+
+def test_fast_path_only_moves_the_traffic_while_the_service_is_away() -> None:
+    """fast-path-only: two host links fail while the service is away (2-10 s); each agent's
+    fast path moves its rail's traffic at once (the backup of the plan in place), the
+    service plans for both once it is back (10 s + its 1 s startup settle)."""
+    r = run(golden("fast-path-only"))
+    assert r.passed and r.skipped == []
+    assert r.fast_paths == [
+        {"host": "gpu001", "port": "mlx5_2/1", "rail": 2, "at_s": 3.0},
+        {"host": "gpu003", "port": "mlx5_0/1", "rail": 0, "at_s": 4.0},
+    ]
+    fast = [e for e in r.expectations if e.name == "fast_path"]
+    assert [(e.held, e.observed, e.detail) for e in fast] == [
+        (True, 2, "2 of 2 port(s) down in use moved by their agent's fast path")
+    ]
+    assert reroutes(r) == [(1, 3.0, 8000.0), (2, 4.0, 7000.0)]
+    assert r.to_dict()["fast_paths"] == r.fast_paths
+    assert "  fast path: gpu001 mlx5_2/1 (rail 2) at 3 s\n" in r.text()
+
+
+def test_fast_path_expectation_fails_without_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outcome depends on the agents' fast path: an agent core that never takes it (no
+    status a port may go down from) fails ``expect: fast_path``, nothing else."""
+    monkeypatch.setattr("linkguard.agent.core.FAST_PATH_FROM", frozenset())
+    r = run(golden("fast-path-only"))
+    assert r.fast_paths == []
+    assert r.mismatch_count == 0 and not r.passed
+    assert r.failures == [
+        "fast_path: 0 of 2 port(s) down in use moved by their agent's fast path "
+        "(not: gpu001 rail 2 at 3 s)"
+    ]
+
+
+def test_fast_paths_of_the_shipped_outages() -> None:
+    """The fast path needs neither bus nor service: a link lost during a broker outage or a
+    service restart is moved at once; an agent restarted with a port down takes it when it
+    reads the port; a port held down (a flap's second fall) takes none."""
+    assert [(f["host"], f["at_s"]) for f in run(golden("broker-outage")).fast_paths] == [
+        ("gpu001", 4.0)
+    ]
+    assert [(f["host"], f["at_s"]) for f in run(golden("service-restart")).fast_paths] == [
+        ("gpu002", 3.0)
+    ]
+    assert [(f["host"], f["at_s"]) for f in run(golden("agent-restart")).fast_paths] == [
+        ("gpu003", 5.0)
+    ]
+    assert len(run(golden("flapping-link")).fast_paths) == 1
+
+
+def test_fast_path_acked_judges_a_real_runs_port_faults() -> None:
+    """``sim run --bus``'s ``fast_path``: each down transition of one host's ports (switch
+    faults have no host) needs a fast-path ack."""
+
+    def fault(host: str | None, ms: float | None, at_s: float = 3.0) -> SimpleNamespace:
+        return SimpleNamespace(host=host, fast_path_ms=ms, at_s=at_s)
+
+    ok = ExpectResult.fast_path_acked([fault("gpu001", 2.0), fault(None, None)])
+    assert (ok.held, ok.observed) == (True, 1)
+    bad = ExpectResult.fast_path_acked([fault("gpu001", 2.0), fault("gpu002", None, 4.0)])
+    assert (bad.held, bad.observed) == (False, 1)
+    assert bad.detail.endswith("(not: gpu002 at 4 s)")
+    none = ExpectResult.fast_path_acked([fault(None, None)])
+    assert not none.held and none.detail.endswith("(no port went down in use)")

@@ -46,6 +46,12 @@ GOLDEN = {
         {"service_down": 1, "service_up": 1, "port_down": 1, "port_up": 1},
     ),
     "agent-restart": (4, 4, 3, {"agent_down": 1, "agent_up": 1, "port_down": 1, "port_up": 1}),
+    "fast-path-only": (
+        4,
+        4,
+        5,
+        {"service_down": 1, "service_up": 1, "port_down": 2, "port_up": 2},
+    ),
     "job-link-down": (4, 4, 2, {"port_down": 1, "port_up": 1}),
     "job-flapping-link": (4, 4, 1, {"port_down": 4, "port_up": 4}),
     "faults-across-outage": (
