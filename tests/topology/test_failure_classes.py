@@ -106,9 +106,17 @@ async def test_leaf_reboot_flap_storm_is_ridden_out(mosquitto, tmp_path: Path) -
     damping = DampingPolicy(hold_down_initial_s=0.5, hold_down_max_s=4.0)
     # debounce 200 ms: the 8 hold-downs end together, but with 50 ms the service was seen
     # (about 1 run in 4, one event loop running the whole fleet) to re-admit them in two
-    # batches (5 + 3 hosts), i.e. 3 plans for 5 hosts; re-admission is one event
+    # batches (5 + 3 hosts), i.e. 3 plans for 5 hosts; re-admission is one event. Likewise
+    # the first flap: with the fleet's default initial delay of 0 the first state to arrive
+    # after a quiet bus was solved at once, and on a loaded machine the other hosts' states
+    # came after it (3-4 plans per host); 200 ms lets the 8 first link-downs make one batch
     async with SimulatedFleet(
-        fabric, bus=bus, workdir=tmp_path, damping=damping, debounce_ms=200
+        fabric,
+        bus=bus,
+        workdir=tmp_path,
+        damping=damping,
+        debounce_ms=200,
+        solve_initial_delay_ms=200,
     ) as fleet:
         await fleet.wait_all_acked()
         epoch0 = fleet.service.state.epoch
