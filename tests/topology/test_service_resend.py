@@ -46,7 +46,8 @@ async def test_a_plan_the_broker_did_not_take_is_resent_until_taken() -> None:
     with capture_logs() as logs:
         task = asyncio.create_task(service.run())
         try:
-            await until(lambda: service.solves >= 1, "first solve")
+            # `solves` counts before the plans go out: wait for the failed publish itself
+            await until(lambda: service.solves >= 1 and VICTIM in service.unsent, "first solve")
             assert VICTIM in service.unsent and VICTIM not in broker.retained
             # the broker holds it as soon as the publish is taken; the resender's bookkeeping
             # follows when the publish returns
