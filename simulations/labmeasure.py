@@ -91,7 +91,8 @@ def ack_timing(
 ) -> None:
     """Into ``result``: the most plan epochs above ``epoch0`` one host of ``names`` got in
     (``t_step``, ``end``] (monotonic s), and the time from ``t_step`` to the last applied (not
-    fast-path) ack of each host's newest such plan (ms; left None when none came)."""
+    fast-path) ack of each host's newest such plan (ms; left None when none came); for a host
+    link fault (``result.host``), the time to that host's first fast-path ack in the window."""
     last: float | None = None
     most = 0
     for h in names:
@@ -108,12 +109,16 @@ def ack_timing(
     result.plans_per_host = most
     if last is not None:
         result.last_ack_ms = round((last - t_step) * 1000, 1)
+    if result.host is not None:
+        fast = [t for t, a in obs.acks.get(result.host, []) if a.fast_path and t_step < t <= end]
+        if fast:
+            result.fast_path_ms = round((min(fast) - t_step) * 1000, 1)
 
 
 def lab_expectations(r: LabReport, ex: Expect, *, linkguard: bool) -> list[ExpectResult]:
     """Which of ``ex`` held in the finished report ``r``: ``reachability`` (no mismatch in the
     checks), ``max_reroute_ms`` (the worst data-plane gap of a fabric fault, ms),
-    ``max_plans_per_host_per_event`` (with linkguard), and the job's
+    ``max_plans_per_host_per_event`` and ``fast_path`` (with linkguard), and the job's
     (:func:`~linkguard.simulations.labjob.job_expectations`) when it ran one."""
     out: list[ExpectResult] = []
     if ex.reachability:
@@ -139,6 +144,8 @@ def lab_expectations(r: LabReport, ex: Expect, *, linkguard: bool) -> list[Expec
     if ex.max_plans_per_host_per_event is not None and linkguard:
         n = max((f.plans_per_host for f in r.faults), default=0)
         out.append(ExpectResult.plans_per_event(n, ex.max_plans_per_host_per_event, per="fault"))
+    if ex.fast_path and linkguard:  # each host link fault: that host's fast-path ack
+        out.append(ExpectResult.fast_path_acked(r.faults))
     if r.job is not None:
         out += job_expectations(r, ex)
     return out

@@ -116,7 +116,10 @@ class FaultResult:
     """One down step (the events of one instant that take something down). ``at_s``: from
     the start of the replay; ``last_ack_ms``: from the step to the last ack of the plans it
     caused (None: no plan followed); ``plans_per_host``: most new plans one host got before
-    the next fault step; ``checked``: the oracle ran after it settled (else ``note`` why not)."""
+    the next fault step; ``checked``: the oracle ran after it settled (else ``note`` why not).
+    ``host``: set when the step takes down ports of that one host only (a host link fault);
+    ``fast_path_ms``: from the step to that host's first fast-path ack on the bus (None: none
+    came before the next fault step)."""
 
     at_s: float
     kind: str
@@ -124,6 +127,8 @@ class FaultResult:
     entries: list[int]
     flows: list[FlowGap] = field(default_factory=list)
     last_ack_ms: float | None = None
+    host: str | None = None
+    fast_path_ms: float | None = None
     plans_per_host: int = 0
     checked: bool = False
     mismatches: int = 0
@@ -222,6 +227,8 @@ class LabReport:
                 said.append(
                     f"gap p50 {f.gap_p50_ms:.1f} / max {f.gap_max_ms:.1f} ms, lost {f.lost}"
                 )
+            if self.linkguard and f.fast_path_ms is not None:
+                said.append(f"fast path {f.fast_path_ms:.0f} ms")
             if self.linkguard:
                 said.append(
                     f"last ack {f.last_ack_ms:.0f} ms"

@@ -295,6 +295,7 @@ class _LabRun:
                     kind="+".join(sorted(kinds)),
                     what=what,
                     entries=sorted({e.entry for e in step.events}),
+                    host=step.port_host,
                 )
                 self.report.faults.append(result)
                 pending.append((result, step, t_step, epoch0))

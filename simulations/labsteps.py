@@ -31,6 +31,14 @@ class Step:
         return any(e.kind.endswith("_down") for e in self.events)
 
     @property
+    def port_host(self) -> str | None:
+        """The host whose ports every event of this step takes down (a host link fault), else
+        None (a switch, a cable, a process, or ports of more than one host)."""
+        hosts = {e.host for e in self.events if e.kind == "port_down" and e.port is not None}
+        only_ports = all(e.kind == "port_down" for e in self.events)
+        return next(iter(hosts)) if only_ports and len(hosts) == 1 else None
+
+    @property
     def resources(self) -> set[str]:
         return {e.kind.rsplit("_", 1)[0] for e in self.events}
 

@@ -113,7 +113,8 @@ class Expect(_Model):
     - ``fast_path`` (True: checked): every host port that goes down in use (UP, UNKNOWN or
       DEGRADED before) while its agent runs gets its agent's fast path at once (the backup of
       the plan in place), and at least one does (``sim run --bus``: every down transition of
-      one host's ports got a fast-path ack; ``sim lab`` does not check it);
+      one host's ports got a fast-path ack; ``sim lab``, with linkguard: every host link fault
+      got its host's fast-path ack on the bus before the next fault);
     - ``job_max_stall_ms`` (needs ``job:``; sim lab, with linkguard): every fault's job stall
       (the longest step beyond the median step, ms) is at most this;
     - ``job_rank_failures`` (needs ``job:``; sim lab, with linkguard): at most this many ranks
