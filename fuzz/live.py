@@ -108,17 +108,14 @@ class LiveFleet:
             self.close()
             raise
 
-    # -- the wrapped sessions -----------------------------------------------------------------
-    def _bus_factory(self, **kw: Any) -> Any:
-        client = str(kw["client_id"])
-        if client.startswith("linkguard-topology-"):
-            name = "service"
-        else:  # linkguard-agent-<host>-<instance>
-            name = client.removeprefix("linkguard-agent-").rsplit("-", 1)[0]
-        kw["handler"] = self._wrap(name, kw["handler"])
-        self.probed[name] = 0
-        assert self._broker is not None
-        return self._broker.bus_factory(**kw)
+    # -- the wrapped message handlers ---------------------------------------------------------
+    def _wrap_handlers(self, fleet: SimulatedFleet) -> None:
+        """Each process's bus -> core step (``_on_message``, what its wiring calls for every
+        message of ``bus.messages()``) through :meth:`_wrap`: probes answered, errors kept."""
+        parts: dict[str, Any] = {"service": fleet.service, **fleet.agents}
+        for name, part in parts.items():
+            part._on_message = self._wrap(name, part._on_message)
+            self.probed[name] = 0
 
     def _wrap(self, name: str, handler: Callable[[BusMessage], Any]) -> Callable[..., Any]:
         async def handle(msg: BusMessage) -> None:
@@ -143,10 +140,11 @@ class LiveFleet:
             workdir=self._workdir,
             debounce_ms=0,
             settle_s=0,
-            bus_factory=self._bus_factory,
+            bus_factory=self._broker.bus_factory,
             signing_key=self._keys[0] if self._keys else None,
             service_public_key=self._keys[1] if self._keys else None,
         )
+        self._wrap_handlers(self.fleet)
         await self.fleet.__aenter__()
         self._sender = self._broker.bus_factory(client_id="fuzz-sender")
         await self._sender.__aenter__()
