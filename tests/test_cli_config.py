@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from linkguard.cli import main
+from linkguard.topology.generator import generate_rail_optimized
 from tests.test_deploy import DEPLOY, env_file, find, site, site_env
 
 __all__ = ["site"]  # the fixture, imported from test_deploy
@@ -84,7 +85,7 @@ def test_a_deprecated_file_loads_with_a_warning_per_old_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = tmp_path / "old.yaml"
-    cfg.write_text("debounce_ms: 40\nsolve_holddown_ms: 2000\n")
+    cfg.write_text("debounce_ms: 40\nsolve_holddown_ms: 2000\ngenerate: {hosts: 4, rails: 2}\n")
     code, out, err = _check(cfg, "service", capsys)
     assert code == 0, err
     assert yaml.safe_load(out)["solve"]["short_ms"] == 40
@@ -149,13 +150,79 @@ def test_every_config_under_deploy_passes_with_its_role(
 ) -> None:
     configs = _deploy_configs(tmp_path)
     assert len(configs) == 4
+    # the service reads its fabric file at start (config check too): the site's copy
+    fabric = tmp_path / "fabric.json"
+    fabric.write_text(generate_rail_optimized(hosts=4, rails=2).model_dump_json())
     for path, role, env in configs:
         for k in [k for k in os.environ if k.startswith("LINKGUARD_")]:
             if k != "LINKGUARD_REQUIRE_REAL":
                 monkeypatch.delenv(k)
         for k, v in (env | site_env(site, "agent" if role == "agent" else "topology")).items():
             monkeypatch.setenv(k, v)
+        if role == "service":
+            monkeypatch.setenv("LINKGUARD_FABRIC", str(fabric))
         code, out, err = _check(path, role, capsys)
         assert code == 0, f"{path}: {err}"
         assert "deprecated" not in err, f"{path} uses an old key: {err}"
         assert yaml.safe_load(out)["bus"]["tls"] is True
+
+
+def test_what_the_process_would_refuse_at_start_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Settings that load but with which the agent or the service exits 2 at start."""
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        "host: gpu001\ndriver: simulated\nservice_public_key: /nonexistent/service.pub\n"
+        "ports:\n  - {hca: mlx5_0, port: 1, rail: 0}\n  - {hca: mlx5_4, port: 1, rail: 0}\n"
+    )
+    code, out, err = _check(cfg, "agent", capsys)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert lines[0] == f"config check: {cfg}: the agent would not start:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "driver",
+        "ports",
+        "service_public_key",
+    ]
+    assert "two HCAs on the same rail" in lines[2]
+    svc = tmp_path / "service.yaml"
+    svc.write_text("log_level: info\n")  # neither fabric: nor generate:
+    code, _, err = _check(svc, "service", capsys)
+    assert code == 2 and "  fabric: no fabric: give --fabric FILE" in err
+    svc.write_text(f"fabric: {tmp_path / 'missing.json'}\nsigning_key: {tmp_path / 'k'}\n")
+    code, _, err = _check(svc, "service", capsys)
+    assert code == 2 and "cannot read fabric file" in err and "  signing_key: " in err
+
+
+@pytest.mark.parametrize(
+    ("role", "text"),
+    [
+        ("agent", "host: gpu001\nroutes: {table: 77}\n"),
+        ("service", "generate: {hosts: 8, rails: 4}\nsolve: {short_ms: 30}\n"),
+    ],
+)
+def test_the_printed_settings_load_again_as_the_same_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], role: str, text: str
+) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text(text)
+    code, out, err = _check(first, role, capsys)
+    assert code == 0, err
+    again = tmp_path / "again.yaml"
+    again.write_text(out)
+    code, out2, err = _check(again, role, capsys)
+    assert code == 0, err
+    assert yaml.safe_load(out2) == yaml.safe_load(out)
+    assert "deprecated" not in err
+
+
+def test_a_renamed_key_is_reported_once(tmp_path: Path) -> None:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("host: gpu001\nroute_table: 77\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LINKGUARD_")}
+    run = [sys.executable, "-m", "linkguard.cli", "config", "check", str(cfg), "--role", "agent"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("route_table") == 1, out.stderr
+    assert out.stderr.strip() == "warning: route_table is deprecated; use routes.table"

@@ -6,7 +6,9 @@ it). Produces: on stdout the effective settings as YAML (every key, defaults fil
 secrets as ``**********``), on stderr one ``warning:`` line per old flat key the file or
 environment uses (:class:`~linkguard.config.DeprecatedSetting`, with the new key). Exit 0 valid;
 2 invalid, with one ``field.path: message`` line per bad value on stderr (or the file's
-problem: missing, not YAML, not a mapping).
+problem: missing, not YAML, not a mapping), or one line per thing the process would refuse at
+start from the settings alone (:func:`start_problems`: the fabric, key files, the agent's
+driver and ports). The printed settings load again as the same settings (secrets aside).
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from linkguard.cli.common import fail
+
+if TYPE_CHECKING:
+    from linkguard.config import AgentSettings, ServiceSettings
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,12 +56,18 @@ def run(args: argparse.Namespace) -> int:
         ServiceSettings,
         load_settings,
     )
+    from linkguard.logs import configure_logging
 
-    cls = AgentSettings if args.role == "agent" else ServiceSettings
+    # the warnings are printed below, once each: not also as `deprecated_setting` log lines
+    configure_logging("console", "error")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecatedSetting)
         try:
-            settings = load_settings(cls, args.file)
+            settings: AgentSettings | ServiceSettings = (
+                load_settings(AgentSettings, args.file)
+                if args.role == "agent"
+                else load_settings(ServiceSettings, args.file)
+            )
         except ConfigError as exc:
             if not exc.errors:
                 return fail(f"config check: {exc}", 2)
@@ -66,6 +78,66 @@ def run(args: argparse.Namespace) -> int:
     for w in caught:
         if issubclass(w.category, DeprecatedSetting):
             print(f"warning: {w.message}", file=sys.stderr)
+    problems = start_problems(settings)
+    if problems:
+        print(f"config check: {args.file}: the {args.role} would not start:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        return 2
     print(f"# effective {args.role} settings of {args.file}")
-    print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
+    print(yaml.safe_dump(effective(settings), sort_keys=False), end="")
     return 0
+
+
+def effective(settings: AgentSettings | ServiceSettings) -> dict[str, Any]:
+    """The settings as a YAML-able mapping that loads again as the same settings (secrets
+    aside): every key with its value, defaults filled in, except an empty ``bus.brokers``
+    (its default, "use bus.host and bus.port"; given explicitly, an empty list is refused)."""
+    doc = settings.model_dump(mode="json")
+    if not doc["bus"].get("brokers"):
+        doc["bus"].pop("brokers", None)
+    return doc
+
+
+def start_problems(settings: AgentSettings | ServiceSettings) -> list[str]:
+    """What the process would refuse at start from ``settings`` alone, before it touches the
+    host or the bus: the agent's driver, its configured ports (rails and ports unique, as
+    :func:`~linkguard.agent.inventory.build_inventory` checks; when every port gives its
+    rail, no sysfs is needed) and its ``service_public_key``; the service's fabric (read and
+    checked as :func:`~linkguard.topology.serviceio.fabric_from_settings` does) and its
+    ``signing_key``. One line per problem (empty: none)."""
+    from linkguard.config import AgentSettings, ConfigError
+    from linkguard.signing import Signer, Verifier
+
+    problems: list[str] = []
+    if isinstance(settings, AgentSettings):
+        from linkguard.agent.inventory import InventoryError, build_inventory
+
+        if settings.driver == "simulated":
+            problems.append(
+                "driver: 'simulated' exists for quickstart and tests only; use sysfs or netlink"
+            )
+        if settings.ports and all(p.rail is not None for p in settings.ports):
+            try:
+                build_inventory(settings.host, configured=settings.ports)
+            except InventoryError as exc:
+                problems.append(f"ports: {exc}")
+        if settings.service_public_key is not None:
+            try:
+                Verifier.from_file(settings.service_public_key)
+            except ConfigError as exc:
+                problems.append(f"service_public_key: {exc}")
+        return problems
+    from linkguard.topology.fabric import FabricError
+    from linkguard.topology.serviceio import fabric_from_settings
+
+    try:
+        fabric_from_settings(settings)
+    except (ConfigError, FabricError) as exc:
+        problems.append(f"fabric: {exc}")
+    if settings.signing_key is not None:
+        try:
+            Signer.from_file(settings.signing_key)
+        except ConfigError as exc:
+            problems.append(f"signing_key: {exc}")
+    return problems
