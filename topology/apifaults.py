@@ -11,12 +11,12 @@ not reachable; else the faults retained on ``fabric/faults`` (``api_faults_publi
 
 import asyncio
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 import structlog
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from linkguard import topics
 from linkguard.models import FabricFaults, encode
@@ -26,6 +26,31 @@ from linkguard.topology.apishapes import Problem, Published
 __all__ = ["faults_router"]
 
 log = structlog.get_logger(__name__)
+
+
+def inlined(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` written in place: a schema put into the
+    OpenAPI document by hand must not say ``#/$defs/...``, a reference the document (whose
+    root has no ``$defs``) cannot resolve, and ReDoc and client generators refuse. Raises
+    :class:`ValueError` for a recursive model (it cannot be inlined)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref.removeprefix("#/$defs/")
+                if name in seen:
+                    raise ValueError(f"{model.__name__}: {name} is recursive")
+                return resolve(defs[name], (*seen, name))
+            return {k: resolve(v, seen) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v, seen) for v in node]
+        return node
+
+    out: dict[str, Any] = resolve(schema, ())
+    return out
 
 
 def faults_router(ctx: ApiContext) -> APIRouter:
@@ -68,7 +93,7 @@ def faults_router(ctx: ApiContext) -> APIRouter:
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": FabricFaults.model_json_schema()}},
+                "content": {"application/json": {"schema": inlined(FabricFaults)}},
             }
         },
     )
