@@ -7,7 +7,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _BROKER = re.compile(
     r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*)):"
@@ -108,3 +112,42 @@ def write(output: Path | None, text: str) -> int:
     except OSError as exc:
         return fail(f"cannot write {output}: {exc.strerror or exc}", 1)
     return 0
+
+
+class Stopped(Exception):
+    """A run cancelled by SIGTERM or SIGINT (:func:`run_stoppable`); ``code`` is the shell's
+    exit code for it (128 + the signal: 143 SIGTERM, 130 SIGINT)."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"stopped ({signal_name})")
+        self.signal_name = signal_name
+        self.code = 143 if signal_name == "SIGTERM" else 130
+
+
+def run_stoppable(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)`` where SIGTERM (systemd, ``timeout``, CI) and SIGINT (Ctrl-C) both
+    cancel the run, so its ``finally`` and ``async with`` teardown (a private broker, temporary
+    directories, namespaces) runs before the process exits. Raises :class:`Stopped` naming the
+    signal."""
+    import asyncio
+    import signal
+
+    stopped_by: list[str] = []
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+
+            def stop(name: str = sig.name) -> None:
+                stopped_by.append(name)
+                task.cancel()
+
+            loop.add_signal_handler(sig, stop)
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise Stopped(stopped_by[0] if stopped_by else "SIGINT") from None

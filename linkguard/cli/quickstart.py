@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from linkguard.cli.common import fail, positive
+from linkguard.cli.common import Stopped, fail, positive, run_stoppable
 
 #: The embedded broker (amqtt) stops delivering reliably beyond this many agents; it is for trials.
 QUICKSTART_MAX_HOSTS = 64
@@ -54,14 +54,13 @@ def check_usage(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 once the link went down and came back, 1 when a step timed out."""
-    import asyncio
 
     from linkguard.logs import configure_logging
     from linkguard.quickstart import run_quickstart
 
     configure_logging("console", "info" if args.verbose else "warning")
-    try:
-        asyncio.run(
+    try:  # SIGTERM and SIGINT cancel it: its broker and temporary directory are removed
+        run_stoppable(
             run_quickstart(
                 hosts=args.hosts,
                 rails=args.rails,
@@ -70,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
                 out=sys.stdout,
             )
         )
+    except Stopped as exc:
+        return fail(f"quickstart: {exc}; its broker and files were removed", exc.code)
     except TimeoutError as exc:
         return fail(f"quickstart failed: {exc}", 1)
     return 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from linkguard.cli.common import fail, positive
+from linkguard.cli.common import Stopped, fail, positive, run_stoppable
 from linkguard.cli.cost import add_transport_args, model_overrides, transports
 
 if TYPE_CHECKING:  # the commands import what they run when they run
@@ -229,7 +229,6 @@ def _sim_check(args: argparse.Namespace) -> int:
 def _sim_run(args: argparse.Namespace) -> int:
     """``sim run``: replay one scenario (:func:`linkguard.simulations.engine.run`), print the
     report (text or JSON); 0 passed, 1 failed, 2 not a valid scenario."""
-    import asyncio
 
     from linkguard.simulations.engine import run
     from linkguard.simulations.scenario import ScenarioError, load_scenario
@@ -247,7 +246,11 @@ def _sim_run(args: argparse.Namespace) -> int:
 
         _quiet_sim_logging(configure_logging)
         try:
-            report = asyncio.run(live.run(loaded, bus=args.bus))
+            report = run_stoppable(live.run(loaded, bus=args.bus))
+        except Stopped as exc:
+            return fail(
+                f"sim run --bus {args.bus}: {exc}; its broker and files were removed", exc.code
+            )
         except (OSError, ImportError, TimeoutError) as exc:
             return fail(f"sim run --bus {args.bus}: {exc}", 1)
     if args.json:
@@ -287,9 +290,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
     (:func:`linkguard.simulations.labrun.run_lab`), progress on stderr, the report on stdout
     (and as JSON with --json). 0 passed, 1 failed, 2 cannot run here or not a valid scenario.
     SIGTERM and SIGINT (Ctrl-C) cancel the run; its teardown removes the lab (exit 143 / 130)."""
-    import asyncio
     import json
-    import signal
 
     from linkguard.logs import configure_logging
     from linkguard.simulations.lab import LabError
@@ -320,19 +321,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
             return fail(f"--workdir {args.workdir}: {exc.strerror or exc}", 2)
     _quiet_sim_logging(configure_logging)
 
-    stopped_by: list[str] = []
-
     async def main() -> LabReport | LabPair:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # cancel the run: its teardown runs
-
-            def stop(name: str = sig.name) -> None:
-                stopped_by.append(name)
-                task.cancel()
-
-            loop.add_signal_handler(sig, stop)
         if loaded.scenario.job is not None:  # both halves in one run, unless told
             halves = (False,) if args.no_linkguard else (True,) if args.skip_baseline else None
             return await run_lab_halves(
@@ -352,12 +341,10 @@ def _sim_lab(args: argparse.Namespace) -> int:
             agent_settings=agent_settings,
         )
 
-    try:
-        report = asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        name = stopped_by[0] if stopped_by else "SIGINT"
-        code = 143 if name == "SIGTERM" else 130
-        return fail(f"sim lab: stopped ({name}); the lab was torn down", code)
+    try:  # SIGTERM and SIGINT cancel the run: its teardown removes the lab
+        report = run_stoppable(main())
+    except Stopped as exc:
+        return fail(f"sim lab: {exc}; the lab was torn down", exc.code)
     except (LabProcessError, LabError) as exc:
         return fail(f"sim lab failed (the lab was torn down): {exc}", 1)
     sys.stdout.write(report.text())
