@@ -463,6 +463,11 @@ class _Run:
         )
         r.expectations = self._expectations()
         r.passed = r.mismatch_count == 0 and all(e.held for e in r.expectations)
+        if self.loaded.scenario.job is not None:  # said, not silently passed over
+            r.skipped.append(
+                "job: the training job and its expectations (job_max_stall_ms, "
+                "job_rank_failures) run only in `linkguard sim lab`"
+            )
         return r
 
     def _expectations(self) -> list[ExpectResult]:

@@ -180,8 +180,8 @@ class RunReport(PlanCounts):
     full build at time 0. ``readmissions``: ports back in use after their hold-down or
     suppression, ``{host, rail, at_s}``; ``returns``: every port usable again after being down,
     held down, suppressed or degraded (readmissions included), same keys. ``fast_paths``: the
-    agents' fast paths, ``{host, port, rail, at_s}``. ``skipped``: events not modelled, one
-    note each. ``passed``: no oracle mismatch and every expectation held.
+    agents' fast paths, ``{host, port, rail, at_s}``. ``skipped``: what was not modelled (events,
+    a job), one note each. ``passed``: no oracle mismatch and every expectation held.
     :meth:`to_dict` is JSON-able."""
 
     scenario: str
@@ -237,7 +237,7 @@ class RunReport(PlanCounts):
             f"at most {self.plans_max_per_host} per host, "
             f"{self.max_plans_per_host_per_event} per host per event",
             f"  down transitions: {len(self.faults)}, rerouted {len(timed)}"
-            + (f" (max {max(timed):g} ms)" if timed else ""),
+            + (f" (max {max(timed):g} ms on the simulated clock)" if timed else ""),
         ]
         lines += [
             f"  fast path: {f['host']} {f['port']} (rail {f['rail']}) at {f['at_s']:g} s"
@@ -257,6 +257,6 @@ class RunReport(PlanCounts):
         for e in self.expectations:
             lines.append(f"  expect {e.name}: {'held' if e.held else 'FAILED'} ({e.detail})")
         if self.skipped:
-            lines.append(f"  not modelled, skipped: {len(self.skipped)} events")
+            lines.append(f"  not modelled, skipped: {len(self.skipped)}")
             lines += [f"    {s}" for s in self.skipped[:5]]
         return "\n".join(lines) + "\n"

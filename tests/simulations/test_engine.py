@@ -256,3 +256,17 @@ def test_fast_path_acked_judges_a_real_runs_port_faults() -> None:
     assert bad.detail.endswith("(not: gpu002 at 4 s)")
     none = ExpectResult.fast_path_acked([fault(None, None)])
     assert not none.held and none.detail.endswith("(no port went down in use)")
+
+
+def test_a_job_scenario_says_its_job_was_not_run() -> None:
+    """The engine has no training job: a job scenario's job and its expectations are named
+    as skipped (the text and the JSON), not passed over in silence."""
+    r = run(golden("job-link-down"))
+    assert r.passed
+    assert r.skipped == [
+        "job: the training job and its expectations (job_max_stall_ms, job_rank_failures) "
+        "run only in `linkguard sim lab`"
+    ]
+    assert {e.name for e in r.expectations} == {"reachability", "max_reroute_ms"}
+    assert "not modelled, skipped: 1\n    job: the training job" in r.text()
+    assert "(max 0 ms on the simulated clock)" in r.text()
