@@ -14,8 +14,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "broker", formatter_class=fmt, help="embedded MQTT broker (amqtt) for single-machine trials"
     )
     b.add_argument("--bind", default="127.0.0.1", help="address to listen on")
-    b.add_argument("--port", type=positive(int, lo=1, hi=65535), default=1883)
-    b.add_argument("--log-format", choices=["json", "console"], default="console")
+    b.add_argument(
+        "--port", type=positive(int, lo=1, hi=65535), default=1883, help="TCP port (1-65535)"
+    )
+    b.add_argument(
+        "--log-format", choices=["json", "console"], default="console", help="log line format"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,19 +27,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"hosts in the generated fabric (2-{QUICKSTART_MAX_HOSTS})",
     )
     q.add_argument(
-        "--rails", type=positive(int, lo=2, hi=16), default=4, help="rails (NICs) per host"
+        "--rails", type=positive(int, lo=2, hi=16), default=4, help="rails (NICs) per host (2-16)"
     )
     q.add_argument(
         "--hold-down",
         type=positive(float, lo=0.1, hi=60),
         default=2.0,
-        help="hold-down before a returning link is reused (s)",
+        help="hold-down before a returning link is reused (s, 0.1-60)",
     )
     q.add_argument(
         "--rail",
         type=positive(int, lo=0, hi=15),
         default=1,
-        help="rail of the first host that fails",
+        help="rail of the first host that fails (0 to --rails minus 1)",
     )
     q.add_argument("-v", "--verbose", action="store_true", help="show the daemons' logs")
     q.set_defaults(subparser=q)  # usage errors found after parsing name the subcommand
