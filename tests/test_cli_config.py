@@ -79,6 +79,9 @@ def test_a_file_that_is_not_settings_exits_2(
 def test_the_wrong_role_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _check(DEPLOY / "config/topology.yaml", "agent", capsys)
     assert code == 2 and "fabric: Extra inputs are not permitted" in err
+    assert err.splitlines()[-1] == "hint: these keys are the service's: --role service?"
+    code, _, err = _check(DEPLOY / "config/agent.yaml", "service", capsys)
+    assert code == 2 and err.splitlines()[-1] == "hint: these keys are the agent's: --role agent?"
 
 
 def test_a_deprecated_file_loads_with_a_warning_per_old_key(

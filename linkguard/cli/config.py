@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"config check: {args.file}: not valid {args.role} settings:", file=sys.stderr)
             for line in exc.errors:
                 print(f"  {line}", file=sys.stderr)
+            other = "service" if args.role == "agent" else "agent"
+            if _other_roles(exc.errors, ServiceSettings if other == "service" else AgentSettings):
+                print(f"hint: these keys are the {other}'s: --role {other}?", file=sys.stderr)
             return 2
     for w in caught:
         if issubclass(w.category, DeprecatedSetting):
@@ -87,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"# effective {args.role} settings of {args.file}")
     print(yaml.safe_dump(effective(settings), sort_keys=False), end="")
     return 0
+
+
+def _other_roles(errors: list[str], other: type[AgentSettings] | type[ServiceSettings]) -> bool:
+    """Every key refused as unknown is a setting of ``other`` (the file is the other role's)."""
+    extra = [e.split(":", 1)[0] for e in errors if e.endswith("Extra inputs are not permitted")]
+    return bool(extra) and set(extra) <= set(other.model_fields)
 
 
 def effective(settings: AgentSettings | ServiceSettings) -> dict[str, Any]:
