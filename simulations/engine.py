@@ -57,7 +57,6 @@ from linkguard.costreport import percentile  # re-exported: the runners' reports
 from linkguard.drivers.base import PortObservation
 from linkguard.models import (
     Ack,
-    CableRef,
     FabricFaults,
     PhysState,
     PortState,
@@ -66,6 +65,7 @@ from linkguard.models import (
     encode,
 )
 from linkguard.presence import Me
+from linkguard.simulations.faultset import FaultSet
 from linkguard.simulations.oracle import check, pairs_to_check
 from linkguard.simulations.runreport import (
     MAX_MISMATCHES,
@@ -139,8 +139,8 @@ class _Run:
         self.rail_of = {(h.host, c.key): c.rail for h in fabric.hosts for c in h.hcas}
         self.raw_down: set[tuple[str, int]] = set()  # (host, rail) the scenario has down
         self.touched: set[str] = set()  # hosts with a port event after time 0
-        self.switches_down: set[str] = set()
-        self.cables_down: dict[tuple[str, str], CableRef] = {}
+        #: the switches down and cables cut, as the operator's `fabric/faults` carries them
+        self.faultset = FaultSet()
         self.faults_now = FabricFaults(switches_down=[], cables_down=[], at=WALL0)
         self.fault_causes: set[Transition] = set()
         #: (host, rail) -> the port's current (state, phys_state); absent: ACTIVE/LinkUp
@@ -286,21 +286,8 @@ class _Run:
             self.agents_down.discard(e.host)
             self._start_agent(e.host, t)
             return
-        if e.kind == "switch_down":
-            self.switches_down.add(e.switch_name)
-        elif e.kind == "switch_up":
-            self.switches_down.discard(e.switch_name)
-        elif e.kind == "cables_down":
-            assert e.cable is not None
-            self.cables_down[e.cable.pair] = e.cable
-        else:
-            assert e.cable is not None
-            self.cables_down.pop(e.cable.pair, None)
-        faults = FabricFaults(
-            switches_down=sorted(self.switches_down),
-            cables_down=list(self.cables_down.values()),
-            at=WALL0 + t,
-        )
+        self.faultset.apply(e)
+        faults = self.faultset.faults(at=WALL0 + t)
         self.faults_now = faults
         if not self._reachable():
             self.faults_undelivered = True  # retained: the service reads it when it is back
@@ -422,8 +409,8 @@ class _Run:
         out: dict[str, set[int]] = defaultdict(set)
         for host, rail in self.raw_down:
             out[host].add(rail)
-        links = self.state.cable_indices(self.cables_down.values())
-        health = self.switch_model.assess(switches_down=self.switches_down, links_down=links)
+        links = self.state.cable_indices(self.faultset.cables)
+        health = self.switch_model.assess(switches_down=self.faultset.switches, links_down=links)
         for host, rails in health.unusable.items():
             out[host] |= rails
         for host in sorted(self.touched):  # the others read ACTIVE since time 0: none is held

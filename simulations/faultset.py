@@ -4,8 +4,9 @@ Consumes: the scenario's primitive events (:class:`~linkguard.simulations.scenar
 at a time. Produces: the whole :class:`~linkguard.models.FabricFaults` set in force, as an
 operator publishes it retained on ``fabric/faults`` (``linkguard fabric faults``): each switch
 or cable event is a change, the bus carries the complete set. Pure: no clock (the caller
-passes ``at``), no bus. Used by the real-time replay (:mod:`linkguard.simulations.live`) and
-the namespace lab (:mod:`linkguard.simulations.labrun`).
+passes ``at``), no bus. Used by the simulated-clock replay (:mod:`linkguard.simulations.engine`),
+the real-time replay (:mod:`linkguard.simulations.live`) and the namespace lab
+(:mod:`linkguard.simulations.labrun`): one bookkeeping of the operator's fault set.
 """
 
 from __future__ import annotations
