@@ -43,7 +43,7 @@ import structlog
 from linkguard.config import ConfigError, EtcdLeaderSettings, LeaderSettings
 from linkguard.presence import DuplicateInstanceError
 from linkguard.topology.leader_k8s import KubernetesLease
-from linkguard.topology.leaserenewal import keep_lease
+from linkguard.topology.leaserenewal import keep_lease, stop_renewing
 
 __all__ = [
     "EtcdLease",
@@ -268,10 +268,7 @@ class EtcdLease:
     async def resign(self) -> None:
         """Stop the keepalive, revoke the lease (the key goes with it: a standby takes over
         at its next poll), close the connection."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._keeper
+        await stop_renewing(self._keeper)
         if self.lease_id is not None:
             leading = not self.lost.is_set()
             self.lost.set()  # never steer again after resigning

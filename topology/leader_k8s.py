@@ -90,7 +90,7 @@ from linkguard.topology.k8slease import (
     parse_micro_time,
     release_spec,
 )
-from linkguard.topology.leaserenewal import keep_lease
+from linkguard.topology.leaserenewal import keep_lease, stop_renewing
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -440,10 +440,7 @@ class KubernetesLease:
         so it clears only this instance's own record: also after a loss by the local deadline
         (nobody may have taken it yet; a standby need not wait out the TTL), and never a
         record another wrote since (409, ignored)."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._keeper
+        await stop_renewing(self._keeper)
         leading = self.is_leader()
         self.lost.set()  # never steer again after resigning
         held, self.held = self.held, None
