@@ -88,7 +88,8 @@ class ScheduleIO(FaultsIO):
             self._execute_now(effects)
             timeout = None if due_at is None else max(0.0, due_at - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._offline_kick.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._offline_kick.wait()
 
     def _warn_unknown_ports(self) -> None:
         self._execute_now(self.core.warn_unknown_ports())

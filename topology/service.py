@@ -182,7 +182,8 @@ class TopologyService(ScheduleIO, ProbesIO):
                 t.cancel()
             # the lease goes now, not at its TTL: a standby takes over at its next poll
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.leadership.resign(), 5)
+                async with asyncio.timeout(5):
+                    await self.leadership.resign()
             if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
                 self.ledger.close()
             log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
@@ -215,9 +216,8 @@ class TopologyService(ScheduleIO, ProbesIO):
             if self.core.duplicate is None:  # never mark the other instance offline
                 with contextlib.suppress(TimeoutError):
                     offline = encode(self._status(online=False))
-                    await asyncio.wait_for(
-                        self.bus.publish(topics.service_status(), offline, retain=True), 2
-                    )
+                    async with asyncio.timeout(2):
+                        await self.bus.publish(topics.service_status(), offline, retain=True)
         finally:
             if api is not None and serving is not None:  # ends its streams, closes (graceful)
                 await api.shutdown(serving)

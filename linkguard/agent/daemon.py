@@ -198,14 +198,12 @@ class Agent(MessageDispatch):
                 await self._stop.wait()
                 if self.duplicate is None:  # never mark the other instance offline
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            self.bus.publish(
+                        async with asyncio.timeout(2):
+                            await self.bus.publish(
                                 topics.status(self.host),
                                 encode(self._status(online=False, reason="stopped")),
                                 retain=True,
-                            ),
-                            2,
-                        )
+                            )
                 raise _Stopped
         except* _Stopped:
             pass
@@ -266,7 +264,8 @@ class Agent(MessageDispatch):
                 None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
                 continue
             out = self.monitor.tick(now=time.monotonic(), wall=time.time())
             await self._handle(out)
