@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from linkguard.ledger import Ledger
 from linkguard.models import encode
 from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Signer
+from linkguard.stopdeadline import on_stop_signals
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.core import DECODERS, ServiceCore
 from linkguard.topology.effects import (
@@ -289,8 +289,6 @@ _DECODERS = DECODERS
 async def run_service(settings: ServiceSettings) -> None:
     """Run until SIGTERM/SIGINT."""
     service = TopologyService(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
+    on_stop_signals(service.stop, process="topology")  # a stop that hangs ends after 10 s
     with contextlib.suppress(asyncio.CancelledError):
         await service.run()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -74,6 +73,7 @@ from linkguard.models import (
 from linkguard.nccl import NcclFiles
 from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Verifier
+from linkguard.stopdeadline import on_stop_signals
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "discover", "make_source", "run_agent"]
 
@@ -282,7 +282,5 @@ class DuplicateHostError(DuplicateInstanceError):
 async def run_agent(settings: AgentSettings) -> None:
     """Run an agent until SIGTERM/SIGINT (clean shutdown with the configured policy)."""
     agent = Agent(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.stop)
+    on_stop_signals(agent.stop, process="agent")  # a stop that hangs ends after 10 s, logged
     await agent.run()
