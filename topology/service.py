@@ -10,12 +10,15 @@ Channels (``producer -> consumer``)::
     core -> reissue:<topic> task    Reissue: this service's own plan put back at its time
     solver / prober -> io -> bus    plans, peer routes, probe targets (retained, signed)
     io -> resender task             what the broker did not take: io.unsent, _resend_kick
+    core -> convergence task        hosts that do not ack: re-sent at the times core.converge says
     core / io -> changes            Emit: the change feed -> ledger, HTTP API stream
     leader task -> solver, auditor  _won: this service leads (at once without election)
 
 One TaskGroup, its tasks named: ``bus``, ``solver`` (waits for a change, waits as the RFC 8405
 back-off says (:mod:`linkguard.topology.backoff`), solves off the event loop, publishes),
 ``auditor`` (the fleet audit, retained on ``service/audit``), ``route_around``, ``resender``,
+``convergence`` (plans re-sent to online hosts that do not ack:
+:mod:`~linkguard.topology.convergence`),
 ``leader`` (:mod:`linkguard.topology.leader`), ``stop``, ``prober`` (with ``probes.enabled``),
 ``api`` (with ``api.enabled``: :mod:`linkguard.topology.api`, bound before the bus connects);
 and one ``reissue:<topic>`` task per foreign message being answered. What is published and
@@ -203,6 +206,7 @@ class TopologyService(ScheduleIO, ProbesIO):
             tg.create_task(self._auditor(), name="auditor"),  # core (_audit_kick) -> bus
             tg.create_task(self._route_around(), name="route_around"),  # core -> route-around
             tg.create_task(self._resender(), name="resender"),  # io (_resend_kick) -> bus
+            tg.create_task(self._converge(), name="convergence"),  # core (not acking) -> bus
             tg.create_task(self._lead(), name="leader"),  # election -> _won -> solver, ...
             tg.create_task(self._stop.wait(), name="stop"),  # stop(), a duplicate -> run
         ]
