@@ -217,7 +217,8 @@ class ChaosProxy:
         self.cut()
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self._server.wait_closed()
 
     async def __aenter__(self) -> ChaosProxy:
         await self.start()
