@@ -79,6 +79,10 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "hosts": len(index.by_host),
                 "online": sum(1 for h in index.by_host if online.get(h)),
                 "routed_around": sorted(service.state.away),
+                "unprotected": [
+                    {"host": h, "reason": p.reason, "fix": p.fix}
+                    for h, p in sorted(service.posture.unprotected.items())
+                ],
                 "drained": drained,
                 "cells": [
                     {
@@ -161,6 +165,7 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
             )
         plan = state.plans[host] if host in state.published else None
         ack = state.acks.get(host)
+        posture = service.posture.hosts.get(host)
         return JSONResponse(
             {
                 "host": host,
@@ -175,6 +180,14 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "rail_map": [a.model_dump(mode="json") for a in plan.rail_assignments]
                 if plan is not None
                 else [],
+                "signing": {
+                    "verdict": posture.verdict,
+                    "reason": posture.reason,
+                    "fix": posture.fix,
+                    **(service.posture.said.get(host) or {}),
+                }
+                if posture is not None
+                else None,
             }
         )
 

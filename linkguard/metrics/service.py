@@ -110,6 +110,13 @@ HOSTS_PENDING_ACK = MetricSpec(
     "gauge",
     "Hosts whose current plan has no applied ack with its epoch yet",
 )
+HOSTS_UNPROTECTED = MetricSpec(
+    "linkguard_hosts_unprotected",
+    "gauge",
+    "Online hosts whose agent drops every plan of this service (it requires signed plans "
+    "and the service does not sign, or it does not have the service's key): no fast-path "
+    "backups there; the log's hosts_unprotected names them and the fix",
+)
 ACKS = MetricSpec(
     "linkguard_acks_total",
     "counter",
@@ -170,6 +177,7 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     PORTS,
     HOSTS_ROUTED_AROUND,
     HOSTS_PENDING_ACK,
+    HOSTS_UNPROTECTED,
     ACKS,
     MESSAGES_DROPPED,
     AUDIT_FINDINGS,
@@ -357,6 +365,7 @@ class ServiceMetrics:
             fam_ports,
             gauge(HOSTS_ROUTED_AROUND, len(state.away)),
             gauge(HOSTS_PENDING_ACK, len(state.pending_acks())),
+            gauge(HOSTS_UNPROTECTED, len(svc.unprotected)),
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
             audit,
