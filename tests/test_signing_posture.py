@@ -151,6 +151,10 @@ async def test_agents_require_signed_plans_and_the_service_does_not_sign(
         )
         assert "does not sign plans" in mine["hint"] and "signing_key" in mine["hint"]
         assert rig.agents[A].applier.plan is None  # every plan dropped
+        # its no_plan_yet (30 s after connecting; here at once) points at the same side
+        await rig.agents[A]._expect_plan(after_s=0)
+        (waiting,) = rig.events("no_plan_yet")
+        assert waiting["missing"] == "service_signing_key" and waiting["hint"] == mine["hint"]
         # A's agent stops (offline: it takes no plans anyway): healthy again
         rig.agents[A].stop()
         await until(lambda: not rig.service.unprotected, "A offline")
@@ -180,9 +184,25 @@ async def test_the_service_signs_with_a_key_the_agent_does_not_have(
         assert f"signed with key {service_key_id}, unknown here" in mine["hint"]
         assert "service_public_key" in mine["hint"]
         assert rig.agents[A].applier.plan is None
+        await rig.agents[A]._expect_plan(after_s=0)
+        (waiting,) = rig.events("no_plan_yet")
+        assert waiting["missing"] == "agent_public_key" and service_key_id in waiting["hint"]
         other = (await _get(rig, f"/api/v1/hosts/{B}")).json()
         assert other["signing"]["verdict"] == "protected"
         assert other["signing"]["key_ids"] == [service_key_id]
+        # the fix: A's agent restarted with the service's public key takes its plan
+        rig.agents[A].stop()
+        await until(lambda: not rig.service.unprotected, "A's old agent offline")
+        fixed = rig.agents[A] = _agent(A, mosquitto.port, tmp_path / "agents", pub)
+        task = asyncio.create_task(fixed.run())
+        try:
+            await until(lambda: fixed.applier.plan is not None, "A applying its plan")
+            await until(lambda: rig.service.posture.hosts[A].verdict == "protected", "A ok")
+            assert (await _get(rig, "/api/v1/health")).status_code == 200
+            assert len(rig.events("hosts_unprotected")) == 1  # never again
+        finally:
+            fixed.stop()
+            await asyncio.wait_for(task, 20)
 
 
 async def test_matched_keys_stay_healthy(mosquitto, tmp_path: Path) -> None:
