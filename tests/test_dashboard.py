@@ -416,6 +416,8 @@ async def test_an_unprotected_host_is_shown_with_its_fix(tmp_path: Path) -> None
             await page.click(f"g.host[data-host='{victim}'] rect.port")
             verdict = await page.wait_for_selector("#host-signing[data-verdict='unprotected']")
             assert "service_unsigned" in await verdict.inner_text()
+            cell = f"g.host[data-host='{victim}'] rect.port"  # selected, still outlined red
+            assert await page.eval_on_selector(cell, "e => getComputedStyle(e).stroke") == RED
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(ARTIFACTS / "dashboard-unprotected.png"), full_page=True)
 

@@ -574,7 +574,8 @@
       const more = rows.length > 10 ? ` and ${rows.length - 10} more` : "";
       const fixes = [...new Set(rows.map((r) => r.fix).filter(Boolean))].join(" | ");
       p.textContent = `${rows.length} host${rows.length === 1 ? "" : "s"} unprotected: ` +
-        `${names}${more}. Their agents drop every plan (no fast-path backups). Fix: ${fixes}`;
+        `${names}${more}. ${rows.length === 1 ? "Its agent drops" : "Their agents drop"} every plan ` +
+        `(no fast-path backups). Fix: ${fixes}`;
       p.setAttribute("data-hosts", rows.map((r) => r.host).join(" "));
       p.hidden = false;
     }
