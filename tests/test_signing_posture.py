@@ -33,14 +33,12 @@ from linkguard.models import HostStatus, SigningPosture, decode, encode
 from linkguard.signing import Signer, generate_keys
 from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import generate_rail_optimized
-from linkguard.topology.posture import assess
+from linkguard.topology.posture import PostureDesk, assess
 from linkguard.topology.service import TopologyService
 from tests.support import until
 
 FABRIC = generate_rail_optimized(hosts=2, rails=2)
 A, B = (h.host for h in FABRIC.hosts)  # A: the host with the mismatch; B: a matched one
-
-pytestmark = pytest.mark.real
 
 
 @dataclass
@@ -132,6 +130,7 @@ async def _assert_unprotected(rig: Rig, reason: str) -> dict[str, Any]:
     return line
 
 
+@pytest.mark.real
 async def test_agents_require_signed_plans_and_the_service_does_not_sign(
     mosquitto, tmp_path: Path
 ) -> None:
@@ -162,6 +161,7 @@ async def test_agents_require_signed_plans_and_the_service_does_not_sign(
         assert rig.events("hosts_unprotected_cleared")
 
 
+@pytest.mark.real
 async def test_the_service_signs_with_a_key_the_agent_does_not_have(
     mosquitto, tmp_path: Path
 ) -> None:
@@ -205,6 +205,7 @@ async def test_the_service_signs_with_a_key_the_agent_does_not_have(
             await asyncio.wait_for(task, 20)
 
 
+@pytest.mark.real
 async def test_matched_keys_stay_healthy(mosquitto, tmp_path: Path) -> None:
     key, pub = generate_keys(tmp_path / "keys")
     async with _running(
@@ -253,3 +254,31 @@ def test_an_older_agents_status_still_decodes() -> None:
         host="gpu000", online=True, signing=SigningPosture(required=True, key_ids=["ab" * 8])
     )
     assert decode(HostStatus, encode(new)) == new
+
+
+def test_the_desk_logs_when_the_set_of_unprotected_hosts_changes() -> None:
+    """One ``hosts_unprotected`` per host that joins (with every one so far, by reason), none
+    for a repeated status, ``hosts_unprotected_cleared`` when the last one leaves (offline or
+    fixed)."""
+    desk = PostureDesk(service_key_id=None)
+    requires = SigningPosture(required=True, key_ids=["ab" * 8])
+
+    def status(host: str, *, online: bool = True, signing: SigningPosture | None = requires):
+        return desk.on_status(HostStatus(host=host, online=online, signing=signing))
+
+    (first,) = status("h1")
+    assert (first.level, first.event, first.fields["hosts"]) == (
+        "error",
+        "hosts_unprotected",
+        {"service_unsigned": ["h1"]},
+    )
+    assert status("h1") == []  # the same again: nothing new
+    (second,) = status("h2")
+    assert second.fields["host"] == "h2" and second.fields["count"] == 2
+    assert second.fields["hosts"] == {"service_unsigned": ["h1", "h2"]}
+    assert status("h1", online=False) == []  # one left, one still unprotected
+    assert sorted(desk.unprotected) == ["h2"]
+    (cleared,) = status("h2", signing=SigningPosture(required=False))
+    assert (cleared.level, cleared.event) == ("info", "hosts_unprotected_cleared")
+    assert desk.unprotected == {} and desk.hosts["h2"].verdict == "unverified"
+    assert status("h3", signing=None) == []  # an older agent: unknown, never unprotected
