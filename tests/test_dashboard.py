@@ -435,4 +435,5 @@ async def test_an_unprotected_host_is_shown_with_its_fix(tmp_path: Path) -> None
     finally:
         service.stop()
         tasks[1].cancel()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -89,7 +89,8 @@ async def _running(
             for a in agents.values():
                 a.stop()
             service.stop()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+            async with asyncio.timeout(20):
+                await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _get(rig: Rig, path: str) -> httpx.Response:
@@ -202,7 +203,8 @@ async def test_the_service_signs_with_a_key_the_agent_does_not_have(
             assert len(rig.events("hosts_unprotected")) == 1  # never again
         finally:
             fixed.stop()
-            await asyncio.wait_for(task, 20)
+            async with asyncio.timeout(20):
+                await task
 
 
 @pytest.mark.real
