@@ -50,6 +50,7 @@ __all__ = [
     "PUBLIC_KEY_FILE",
     "Envelope",
     "KeyFileError",
+    "Mismatch",
     "SignatureError",
     "Signer",
     "Unwrapped",
@@ -57,6 +58,7 @@ __all__ = [
     "envelope_of",
     "generate_keys",
     "key_id",
+    "mismatch",
     "unwrap",
 ]
 
@@ -83,10 +85,12 @@ class SignatureError(ValueError):
     ``unknown_key`` (``key_id`` names another key), ``bad_signature`` (the signature does
     not match the body)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, key_id: str | None = None) -> None:
+        """``key_id``: the key id the envelope names (with ``unknown_key``), else None."""
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.key_id = key_id
 
 
 class Envelope(BaseModel):
@@ -150,7 +154,9 @@ class Verifier:
         :class:`SignatureError` (``unknown_key``, ``bad_envelope``, ``bad_signature``)."""
         if envelope.key_id != self.key_id:
             raise SignatureError(
-                "unknown_key", f"signed by key {envelope.key_id}, expected {self.key_id}"
+                "unknown_key",
+                f"signed by key {envelope.key_id}, expected {self.key_id}",
+                key_id=envelope.key_id,
             )
         try:
             sig = base64.b64decode(envelope.sig, validate=True)
@@ -267,6 +273,45 @@ def unwrap(payload: bytes, verifier: Verifier | None, *, require: bool = True) -
             raise SignatureError("bad_envelope", str(exc)[:200]) from None
         return Unwrapped(body, signed=True, verified=False)
     return Unwrapped(verifier.verify(env), signed=True, verified=True)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why an agent drops the service's plans for good, and which side must change:
+    ``missing`` is ``service_signing_key`` (the service does not sign, this agent requires
+    it) or ``agent_public_key`` (the service signs with ``key_id``, a key this agent does not
+    have); ``hint`` says the fix."""
+
+    reason: str
+    missing: Literal["service_signing_key", "agent_public_key"]
+    key_id: str | None
+    hint: str
+
+
+def mismatch(exc: SignatureError, own_key_id: str | None) -> Mismatch | None:
+    """The configuration mismatch behind ``exc`` (a plan or peer routes refused by an agent
+    that verifies with the key ``own_key_id``), or None when ``exc`` is a bad message rather
+    than a mismatch (``bad_envelope``, ``bad_signature``: a forgery or a corrupted message,
+    dropped and counted like any). Pure."""
+    if exc.reason == "unsigned":
+        return Mismatch(
+            exc.reason,
+            "service_signing_key",
+            None,
+            "the topology service does not sign plans: set signing_key on the topology "
+            "service (`linkguard keys generate`; its service.pub is this agent's "
+            "service_public_key), or require_signed_plans: false here while rolling keys out",
+        )
+    if exc.reason == "unknown_key":
+        return Mismatch(
+            exc.reason,
+            "agent_public_key",
+            exc.key_id,
+            f"plans are signed with key {exc.key_id}, unknown here (this agent verifies with "
+            f"{own_key_id}): set service_public_key to the public key of the service's "
+            "signing_key (its service.pub), or sign the service with the key this agent has",
+        )
+    return None
 
 
 def generate_keys(out: Path, *, force: bool = False) -> tuple[Path, Path]:

@@ -6,7 +6,9 @@ running topology service (its HTTP API on a free loopback port).
   (measured from the injection; the figure goes to the artifacts, with a screenshot);
 - 320 hosts (above the 256-host detail limit), the service alone with port states published
   as agents publish them: one cell per leaf, a down port recolours its cell, a click drills
-  down into the SU's links.
+  down into the SU's links;
+- a host whose agent drops every plan (it requires signed plans, the service does not sign)
+  is named in a banner with the fix and marked on the picture, live and after a reload.
 
 Artifacts go to ``$LINKGUARD_ARTIFACTS`` or ``tests/artifacts/`` (gitignored). The browser tests
 skip when Playwright or ``/usr/bin/chromium`` (``$LINKGUARD_CHROMIUM``) is missing, and fail
@@ -27,7 +29,15 @@ from pathlib import Path
 from linkguard import topics
 from linkguard.config import ApiSettings, BusSettings, LedgerSettings, ServiceSettings
 from linkguard.membus import MemoryBroker
-from linkguard.models import PortEvent, PortState, PortStateName, PortStatus, encode
+from linkguard.models import (
+    HostStatus,
+    PortEvent,
+    PortState,
+    PortStateName,
+    PortStatus,
+    SigningPosture,
+    encode,
+)
 from linkguard.simulations.fleet import SimulatedFleet
 from linkguard.topology.fabric import Fabric, generate_rail_optimized
 from linkguard.topology.service import TopologyService
@@ -423,4 +433,66 @@ async def test_a_host_not_acking_is_shown_until_it_acks(tmp_path: Path) -> None:
     finally:
         service.stop()
         tasks[1].cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_unprotected_host_is_shown_with_its_fix(tmp_path: Path) -> None:
+    """A service that does not sign; an agent says it requires signed plans: the page names
+    that host as unprotected (a banner with the fix, the host marked), live from the change
+    stream and again after a reload; once the agent stops requiring them, the banner goes."""
+    require_browser()
+    fabric = generate_rail_optimized(hosts=4, rails=2)
+    broker = MemoryBroker()
+    settings = ServiceSettings(startup_settle_s=0, api=ApiSettings(port=0), log_format="console")
+    service = TopologyService(settings, fabric=fabric, bus_factory=broker.bus_factory)
+    agents = broker.bus_factory(**BusSettings().connection(), client_id="test-agents")
+    tasks = [asyncio.create_task(service.run()), asyncio.create_task(agents.run())]
+
+    def status(host: str, *, required: bool) -> bytes:
+        signing = SigningPosture(required=required, key_ids=["ab" * 8] if required else [])
+        return encode(HostStatus(host=host, online=True, at=time.time(), signing=signing))
+
+    try:
+        await agents.wait_connected(5)
+        for inv in fabric.hosts:
+            await agents.publish(
+                topics.status(inv.host), status(inv.host, required=False), retain=True
+            )
+        async with chromium() as browser:
+            page = await open_dashboard(browser, await api_url(service))
+            assert await page.get_attribute("#unprotected", "hidden") is not None
+            victim = "gpu002"
+            await agents.publish(topics.status(victim), status(victim, required=True), retain=True)
+            await page.wait_for_function(
+                "document.getElementById('unprotected').dataset.hosts === 'gpu002'", timeout=5000
+            )
+            text = await page.inner_text("#unprotected")
+            assert "1 host unprotected: gpu002 (service_unsigned)" in text
+            assert "set signing_key on the topology service" in text
+            marked = "document.querySelectorAll('g.host.unprotected')"
+            assert await page.evaluate(f"[...{marked}].map(g => g.dataset.host)") == [victim]
+            await page.click(f"g.host[data-host='{victim}'] rect.port")
+            verdict = await page.wait_for_selector("#host-signing[data-verdict='unprotected']")
+            assert "service_unsigned" in await verdict.inner_text()
+            cell = f"g.host[data-host='{victim}'] rect.port"  # selected, still outlined red
+            assert await page.eval_on_selector(cell, "e => getComputedStyle(e).stroke") == RED
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "dashboard-unprotected.png"), full_page=True)
+
+            await page.reload()
+            await page.wait_for_function("document.body.dataset.rendered", timeout=20_000)
+            assert await page.get_attribute("#unprotected", "data-hosts") == victim
+            assert await page.evaluate(f"{marked}.length") == 1
+
+            await agents.publish(topics.status(victim), status(victim, required=False), retain=True)
+            await page.wait_for_function(
+                "document.getElementById('unprotected').hidden", timeout=5000
+            )
+            assert await page.evaluate(f"{marked}.length") == 0
+            assert page.errors == []
+    finally:
+        service.stop()
+        tasks[1].cancel()
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks, return_exceptions=True)

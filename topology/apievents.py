@@ -4,8 +4,9 @@
 
 Consumes: an :class:`~linkguard.topology.apiindex.ApiContext` (the service's ledger when it has
 one, read off the event loop; else its change feed's backlog; its last audit and health
-documents). Produces: the router with those four routes (422 for a bad time or window, 404 for
-an unknown host or a window no run overlaps, 503 without a readable ledger).
+documents; its hosts' signing posture). Produces: the router with those four routes (422 for a
+bad time or window, 404 for an unknown host or a window no run overlaps, 503 without a readable
+ledger; 503 from the health check while hosts are unprotected).
 """
 
 import asyncio
@@ -93,11 +94,33 @@ def events_router(ctx: ApiContext) -> APIRouter:
         """The fleet audit document (as retained on ``service/audit``), {} before the first."""
         return Response(service.audit_json or "{}", media_type="application/json")
 
-    @router.get("/api/v1/health", response_model=dict[str, Any], tags=["events"])
+    @router.get(
+        "/api/v1/health",
+        response_model=dict[str, Any],
+        responses={503: {"description": "hosts unprotected: the document plus `unprotected`"}},
+        tags=["events"],
+    )
     async def health() -> JSONResponse:
         """The switch-level health document (as retained on ``service/health``), {} before
-        the first."""
-        return JSONResponse(service.health_doc or {})
+        the first. 503 (the service's health check fails) while online hosts are
+        unprotected (their agents drop every plan of this service: a signing mismatch,
+        :mod:`~linkguard.topology.posture`): the document then also has ``status``
+        (``unprotected``), ``unprotected`` (host, reason, fix each) and ``detail``."""
+        unprotected = service.posture.unprotected
+        if not unprotected:
+            return JSONResponse(service.health_doc or {})
+        hosts = sorted(unprotected)
+        doc = {
+            **(service.health_doc or {}),
+            "status": "unprotected",
+            "detail": f"{len(hosts)} host(s) drop every plan of this service (signing "
+            f"mismatch), first {', '.join(hosts[:5])}: see unprotected[].fix",
+            "unprotected": [
+                {"host": h, "reason": unprotected[h].reason, "fix": unprotected[h].fix}
+                for h in hosts
+            ],
+        }
+        return JSONResponse(doc, status_code=503)
 
     @router.get(
         "/api/v1/report",

@@ -83,6 +83,10 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "online": sum(1 for h in index.by_host if online.get(h)),
                 "routed_around": sorted(service.state.away),
                 "not_acking": [asdict(n) for n in not_acking],
+                "unprotected": [
+                    {"host": h, "reason": p.reason, "fix": p.fix}
+                    for h, p in sorted(service.posture.unprotected.items())
+                ],
                 "drained": drained,
                 "cells": [
                     {
@@ -166,6 +170,7 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
         plan = state.plans[host] if host in state.published else None
         ack = state.acks.get(host)
         late = [n for n in service.convergence.not_acking(time.monotonic()) if n.host == host]
+        posture = service.posture.hosts.get(host)
         return JSONResponse(
             {
                 "host": host,
@@ -181,6 +186,14 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "rail_map": [a.model_dump(mode="json") for a in plan.rail_assignments]
                 if plan is not None
                 else [],
+                "signing": {
+                    "verdict": posture.verdict,
+                    "reason": posture.reason,
+                    "fix": posture.fix,
+                    **(service.posture.said.get(host) or {}),
+                }
+                if posture is not None
+                else None,
             }
         )
 

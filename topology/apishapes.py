@@ -51,6 +51,7 @@ __all__ = [
     "SuQ",
     "SummaryDoc",
     "SwitchRef",
+    "Unprotected",
     "UntilQ",
 ]
 
@@ -167,6 +168,15 @@ class NotAckingRow(BaseModel):
     resends: int = Field(description="times its plan was re-sent for this epoch")
 
 
+class Unprotected(BaseModel):
+    host: str
+    reason: str | None = Field(
+        description="service_unsigned (the agent requires signed plans, the service does not "
+        "sign) or unknown_key (the service signs with a key the agent does not have)"
+    )
+    fix: str | None = Field(description="what to change")
+
+
 class SummaryDoc(BaseModel):
     epoch: int = Field(description="the last plan epoch issued")
     hosts: int
@@ -174,6 +184,10 @@ class SummaryDoc(BaseModel):
     routed_around: list[str] = Field(description="hosts routed around (their last will)")
     not_acking: list[NotAckingRow] = Field(
         description="online hosts past their ack deadline (convergence.resend_after_s)"
+    )
+    unprotected: list[Unprotected] = Field(
+        description="online hosts whose agent drops every plan of this service (signing "
+        "mismatch): no fast-path backups there"
     )
     drained: Drained = Field(description="ports by drained_by, the whole fabric")
     cells: list[Cell] = Field(description="one per (SU, rail, leaf)")
@@ -217,6 +231,11 @@ class HostDoc(BaseModel):
     )
     ack: dict[str, Any] | None = Field(description="its last Ack JSON, whatever the result")
     rail_map: list[RailMapEntry]
+    signing: dict[str, Any] | None = Field(
+        description="its agent's signing posture against this service: verdict (protected, "
+        "unverified, unprotected, unknown), reason, fix, and what the agent said (required, "
+        "key_ids); null before its first status"
+    )
 
 
 class PlanRow(BaseModel):

@@ -10,8 +10,9 @@ clock, where a message carries Unix time, is passed in as ``wall``). Produces: t
 delete, this service's own plan to put back, changes for the ledger and the API, the time a
 solve is due, log lines. It keeps the fabric state (:class:`FabricState`), the RFC 8405 solve
 back-off (:class:`SolveBackoff`), the retained-message integrity rules
-(:class:`~linkguard.topology.integrity.Integrity`) and the probe decisions
-(:class:`~linkguard.topology.probedesk.ProbeDesk`). No bus, no asyncio, no clock, no disk: the
+(:class:`~linkguard.topology.integrity.Integrity`), the probe decisions
+(:class:`~linkguard.topology.probedesk.ProbeDesk`) and whether each host's agent takes its
+plans (:class:`~linkguard.topology.posture.PostureDesk`). No bus, no asyncio, no clock, no disk: the
 wiring module (:mod:`linkguard.topology.service`) executes the effects, and a simulator can
 drive the same object with a simulated clock.
 """
@@ -66,6 +67,7 @@ from linkguard.topology.effects import (
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.faultsdesk import FaultsDesk
 from linkguard.topology.integrity import Integrity, Refused
+from linkguard.topology.posture import PostureDesk
 from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
 from linkguard.topology.state import FabricState
@@ -113,6 +115,8 @@ class ServiceCore:
         #: refused messages by reason
         self.dropped: Counter[str] = Counter()
         self.integrity = Integrity(verifier)
+        #: whether each host's agent takes this service's plans (its signing posture)
+        self.posture = PostureDesk(verifier.key_id if verifier is not None else None)
         #: when to solve, what a publish owes, whom to route around
         self.schedule = SolveSchedule(settings, fabric, self.state)
         #: the switch-level faults in effect (``fabric/faults``)
@@ -322,6 +326,7 @@ class ServiceCore:
             KickAudit(),
             Log("info", "host_status", fields),
         ]
+        out += self.posture.on_status(obj)
         if was_away and obj.host not in self.state.away:
             out.append(Log("info", "route_around_ended", {"host": obj.host, "online": obj.online}))
             out += self.changed(now, urgent=False)

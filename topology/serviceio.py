@@ -139,6 +139,9 @@ class ServiceIO:
     health_at = _Delegate(lambda c: c.switch_faults.health_at)
     refused = _Delegate(lambda c: c.switch_faults.refused)
     convergence = _Delegate(lambda c: c.convergence)
+    #: online hosts whose agent drops every plan of this service (:mod:`.posture`)
+    unprotected = _Delegate(lambda c: c.posture.unprotected)
+    posture = _Delegate(lambda c: c.posture)
 
     @property
     def online_since(self) -> dict[str, float]:

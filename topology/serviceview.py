@@ -18,6 +18,7 @@ from linkguard.metricsources import ServiceSource
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.convergence import Convergence
 from linkguard.topology.fabric import Fabric
+from linkguard.topology.posture import PostureDesk
 from linkguard.topology.state import FabricState
 
 __all__ = ["ServiceView"]
@@ -25,9 +26,9 @@ __all__ = ["ServiceView"]
 
 class ServiceView(ServiceSource, Protocol):
     """A running topology service as the API reads it: its settings, fabric, state, change
-    feed, bus (``PUT /api/v1/faults`` publishes on it), the last audit and health documents
-    and its probe verdicts. ``ledger`` and ``metrics`` are read with ``getattr`` (a service
-    may have neither)."""
+    feed, bus (``PUT /api/v1/faults`` publishes on it), the last audit and health documents,
+    its probe verdicts and its hosts' signing posture. ``ledger`` and ``metrics`` are read
+    with ``getattr`` (a service may have neither)."""
 
     @property
     def settings(self) -> ServiceSettings: ...
@@ -43,5 +44,7 @@ class ServiceView(ServiceSource, Protocol):
     def health_doc(self) -> dict[str, object] | None: ...
     @property
     def convergence(self) -> Convergence: ...
+    @property
+    def posture(self) -> PostureDesk: ...
 
     def probe_verdicts(self, *, now: float | None = None) -> list[dict[str, object]]: ...

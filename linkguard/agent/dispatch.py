@@ -85,11 +85,16 @@ class MessageDispatch(EffectExecutor):
         await self.bus.connected.wait()
         await asyncio.sleep(after_s)
         if self.applier.plan is None:
+            found = self.inbox.mismatch  # plans arrived, but were dropped: say which side
             log.warning(
                 "no_plan_yet",
                 host=self.host,
                 waited_s=after_s,
-                hint="is this host name in the service's fabric? is the service up?",
+                reason=found.reason if found is not None else None,
+                missing=found.missing if found is not None else None,
+                hint=found.hint
+                if found is not None
+                else "is this host name in the service's fabric? is the service up?",
             )
 
     async def _refresh(self) -> None:

@@ -289,6 +289,7 @@ class EffectExecutor:
             version=__version__,
             instance=self.me.instance,
             started_at=self.me.started_at,
+            signing=self.inbox.posture(),
         )
 
     async def _announce(self, delay_s: float = 0.0) -> None:

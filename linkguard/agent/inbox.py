@@ -4,7 +4,11 @@ Consumes: :class:`~linkguard.bus.BusMessage`\\ s (plans, peer routes, probe targ
 service's public key (:mod:`linkguard.signing`; None: unverified). Produces: the decoded
 message, or None after counting and logging the drop (``message_dropped``, by reason:
 oversized, a :class:`~linkguard.signing.SignatureError` reason, a
-:class:`~linkguard.models.BadMessage` reason) through the core's :meth:`AgentCore.drop`.
+:class:`~linkguard.models.BadMessage` reason) through the core's :meth:`AgentCore.drop`; a
+signature refused because the two sides are configured apart (the service does not sign, or
+signs with a key this agent does not have: :func:`~linkguard.signing.mismatch`) is also logged
+once as ``plans_signing_mismatch`` naming the missing side. Also what the agent says of its
+signing in its status (:meth:`Inbox.posture`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from pydantic import BaseModel
 
 from linkguard.agent.core import AgentCore
 from linkguard.bus import BusMessage
-from linkguard.models import BadMessage, decode
-from linkguard.signing import SignatureError, Verifier, unwrap
+from linkguard.models import BadMessage, SigningPosture, decode
+from linkguard.signing import Mismatch, SignatureError, Verifier, mismatch, unwrap
 
 __all__ = ["Inbox"]
 
@@ -44,6 +48,16 @@ class Inbox:
         self.require_signed = require_signed
         self.max_bytes = max_bytes
         self._unverified_logged = False  # signed_plan_not_verified said once
+        #: the last configuration mismatch that made this agent drop the service's plans
+        #: (None: none since the last verified one); ``plans_signing_mismatch`` said once each
+        self.mismatch: Mismatch | None = None
+        self._mismatch_logged: set[tuple[str, str | None]] = set()
+
+    def posture(self) -> SigningPosture:
+        """What this agent says of its signing in its status (``required``: it drops unsigned
+        plans; ``key_ids``: the key it verifies with)."""
+        keys = [self.verifier.key_id] if self.verifier is not None else []
+        return SigningPosture(required=bool(keys) and self.require_signed, key_ids=keys)
 
     def drop(self, msg: BusMessage, reason: str, detail: str) -> None:
         """Count and log a message that is not taken (``message_dropped``)."""
@@ -81,7 +95,12 @@ class Inbox:
             opened = unwrap(msg.payload, self.verifier, require=self.require_signed)
         except SignatureError as exc:
             self.drop(msg, exc.reason, exc.detail)
+            self._mismatched(msg, exc)
             return None
+        if opened.verified and self.mismatch is not None:
+            log.info("plans_signing_matched", topic=msg.topic, key_id=self.verifier_key_id)
+            self.mismatch = None
+            self._mismatch_logged.clear()
         if opened.signed and not opened.verified and not self._unverified_logged:
             self._unverified_logged = True
             log.warning(
@@ -91,3 +110,31 @@ class Inbox:
                 "applied without checking the signature",
             )
         return opened.body
+
+    @property
+    def verifier_key_id(self) -> str | None:
+        """The id of the key this agent verifies with (None: it has none)."""
+        return self.verifier.key_id if self.verifier is not None else None
+
+    def _mismatched(self, msg: BusMessage, exc: SignatureError) -> None:
+        """A refused signature that is a configuration mismatch (:func:`mismatch`): kept, and
+        logged once per reason and key as ``plans_signing_mismatch`` (an error: every plan is
+        dropped, the host has no fast-path backups) naming the side that is missing."""
+        found = mismatch(exc, self.verifier_key_id)
+        if found is None:
+            return
+        self.mismatch = found
+        if (found.reason, found.key_id) in self._mismatch_logged:
+            return
+        self._mismatch_logged.add((found.reason, found.key_id))
+        log.error(
+            "plans_signing_mismatch",
+            host=self.core.host,
+            topic=msg.topic,
+            reason=found.reason,
+            missing=found.missing,
+            key_id=found.key_id,
+            own_key_id=self.verifier_key_id,
+            action="dropping every plan and peer routes message: no fast-path backups",
+            hint=found.hint,
+        )

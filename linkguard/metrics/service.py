@@ -123,6 +123,13 @@ PLAN_RESENDS = MetricSpec(
     "Plans re-sent to online hosts that had not acked their current epoch in time, or "
     "whose agent asked (plan-request), since the service started",
 )
+HOSTS_UNPROTECTED = MetricSpec(
+    "linkguard_hosts_unprotected",
+    "gauge",
+    "Online hosts whose agent drops every plan of this service (it requires signed plans "
+    "and the service does not sign, or it does not have the service's key): no fast-path "
+    "backups there; the log's hosts_unprotected names them and the fix",
+)
 ACKS = MetricSpec(
     "linkguard_acks_total",
     "counter",
@@ -185,6 +192,7 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     HOSTS_PENDING_ACK,
     HOSTS_NOT_ACKING,
     PLAN_RESENDS,
+    HOSTS_UNPROTECTED,
     ACKS,
     MESSAGES_DROPPED,
     AUDIT_FINDINGS,
@@ -374,6 +382,7 @@ class ServiceMetrics:
             gauge(HOSTS_PENDING_ACK, len(state.pending_acks())),
             gauge(HOSTS_NOT_ACKING, len(svc.convergence.not_acking(time.monotonic()))),
             counter(PLAN_RESENDS, svc.convergence.resends),
+            gauge(HOSTS_UNPROTECTED, len(svc.unprotected)),
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
             audit,

@@ -51,6 +51,7 @@ __all__ = [
     "PortStatus",
     "ServiceStatus",
     "SettingsModel",
+    "SigningPosture",
     "SpinesPerSU",
     "decode",
     "encode",
@@ -357,6 +358,23 @@ class PortEvent(_Model):
     at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
 
 
+#: A signing key's id: the first 16 hex digits of the SHA-256 of its raw 32-byte Ed25519
+#: public key (``linkguard.signing.key_id``).
+KeyId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
+class SigningPosture(_Model):
+    """What an agent takes as a plan, as it says in its :class:`HostStatus`: ``required``
+    (it drops plans and peer routes that are not signed: ``service_public_key`` set and
+    ``require_signed_plans`` true) and ``key_ids`` (the ids of the public keys it verifies
+    signatures with, :func:`linkguard.signing.key_id`; empty: it has no key and applies plans
+    unverified). The service compares it with its own signing key
+    (:mod:`linkguard.topology.posture`)."""
+
+    required: bool
+    key_ids: list[KeyId] = Field(default_factory=list, max_length=8)
+
+
 class HostStatus(_Model):
     """Retained on ``hosts/<host>/status``; the broker publishes ``online=False`` as last will.
 
@@ -367,6 +385,9 @@ class HostStatus(_Model):
     its shutdown policy says) or ``lost`` (its last will: the broker lost the connection, the
     host or its agent may be dead); the service routes around a ``lost`` host after a grace
     period (:class:`~linkguard.config.OfflineSettings`). None (an older agent): neither.
+
+    ``signing``: whether the agent requires signed plans and with which keys
+    (:class:`SigningPosture`); None: an older agent that does not say.
     """
 
     host: HostName
@@ -376,6 +397,7 @@ class HostStatus(_Model):
     version: str | None = Field(None, max_length=64)
     instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
     started_at: float | None = Field(None, ge=0)
+    signing: SigningPosture | None = None
 
 
 class ServiceStatus(_Model):

@@ -3,7 +3,9 @@
 // Consumes (paths relative to this page, the topology service's HTTP API v1):
 //   api/v1/fabric           spines, leaves (rail, SU), hosts with their HCAs
 //   api/v1/ports?...        per-port state with "shown" (fabrics <= 256 hosts; a drilled SU)
-//   api/v1/summary          per SU x rail counts (fabrics > 256 hosts)
+//   api/v1/summary          per SU x rail counts (fabrics > 256 hosts); "unprotected" hosts
+//                           (their agents drop every plan: a signing mismatch), re-read on
+//                           each "host" change
 //   api/v1/hosts/{host}     the host view (HCAs, rail map, plan)
 //   api/v1/events           the event timeline (newest first)
 //   api/v1/report           the ledger's report numbers (503: no ledger)
@@ -21,6 +23,9 @@
 //   #not-acking  data-count data-hosts (space-separated): online hosts past their ack deadline
 //                (api/v1/summary "not_acking", polled every NOT_ACKING_POLL_MS); g.host of such a
 //                host gets class "not-acking"; the host view's #host-not-acking says since when
+//   g.host.unprotected        data-unprotected="<reason>" (detail view: its agent drops every plan)
+//   p#unprotected             the unprotected hosts and the fix; data-hosts "<host> <host> ..."
+//                             (hidden when none)
 //   body data-mode ("detail" | "aggregate"), data-rendered (ms from navigation start to the
 //   first complete fabric picture), data-renders (pictures drawn), data-stream (open | error)
 // Every text from the API goes through textContent / setAttribute: never innerHTML.
@@ -61,6 +66,7 @@
     pending: [],
     renders: 0,
     offline: new Set(),
+    unprotected: new Map(), // host -> {reason, fix}: its agent drops every plan (api/v1/summary)
     probeDrained: new Set(), // "host/hca/port" of ports a probe verdict drains (drained_by "probe")
     notAcking: new Set(), // hosts past their ack deadline (api/v1/summary not_acking)
   };
@@ -317,6 +323,10 @@
       const hx = hostsX0 + hi * hostW;
       const hg = s("g", { class: S.notAcking.has(host.host) ? "host not-acking" : "host", "data-host": host.host });
       if (S.offline.has(host.host)) hg.classList.add("offline");
+      if (S.unprotected.has(host.host)) {
+        hg.classList.add("unprotected");
+        hg.setAttribute("data-unprotected", S.unprotected.get(host.host).reason || "");
+      }
       if (S.selectedHost === host.host) hg.classList.add("selected");
       for (const hca of host.hcas) {
         const ri = Math.max(0, S.rails.indexOf(hca.rail));
@@ -540,6 +550,7 @@
       try {
         const summary = await getJSON("summary");
         S.summary = summary;
+        showUnprotected(summary);
         let missing = false;
         for (const c of summary.cells || []) if (!updateCell(c)) missing = true;
         if (missing) renderAggregate();
@@ -551,6 +562,48 @@
         summaryTimer = null;
       }
     }, 400);
+  }
+
+  // The hosts whose agents drop every plan of the service (a signing mismatch): a banner with
+  // the fix, and each such host marked on the picture.
+  function showUnprotected(summary) {
+    const rows = Array.isArray(summary && summary.unprotected) ? summary.unprotected : [];
+    S.unprotected = new Map(rows.map((r) => [r.host, r]));
+    const p = $("unprotected");
+    if (!rows.length) {
+      p.hidden = true;
+      p.textContent = "";
+      p.removeAttribute("data-hosts");
+    } else {
+      const names = rows.slice(0, 10).map((r) => `${r.host} (${r.reason})`).join(", ");
+      const more = rows.length > 10 ? ` and ${rows.length - 10} more` : "";
+      const fixes = [...new Set(rows.map((r) => r.fix).filter(Boolean))].join(" | ");
+      p.textContent = `${rows.length} host${rows.length === 1 ? "" : "s"} unprotected: ` +
+        `${names}${more}. ${rows.length === 1 ? "Its agent drops" : "Their agents drop"} every plan ` +
+        `(no fast-path backups). Fix: ${fixes}`;
+      p.setAttribute("data-hosts", rows.map((r) => r.host).join(" "));
+      p.hidden = false;
+    }
+    for (const g of document.querySelectorAll("g.host")) {
+      const r = S.unprotected.get(g.dataset.host);
+      g.classList.toggle("unprotected", r !== undefined);
+      if (r !== undefined) g.setAttribute("data-unprotected", r.reason || "");
+      else g.removeAttribute("data-unprotected");
+    }
+  }
+
+  let unprotectedTimer = null;
+  function scheduleUnprotected() {
+    if (unprotectedTimer !== null) return;
+    unprotectedTimer = setTimeout(async () => {
+      try {
+        showUnprotected(await getJSON("summary"));
+      } catch (err) {
+        showError(err);
+      } finally {
+        unprotectedTimer = null;
+      }
+    }, 300);
   }
 
   async function drill(su) {
@@ -632,6 +685,7 @@
     const [fabric, summary] = await Promise.all([getJSON("fabric"), getJSON("summary").catch(() => null)]);
     indexFabric(fabric);
     S.summary = summary;
+    S.unprotected = new Map(((summary && summary.unprotected) || []).map((r) => [r.host, r]));
     const count = fabric.hosts_count ?? (fabric.hosts || []).length;
     S.mode = count <= DETAIL_MAX_HOSTS ? "detail" : "aggregate";
     document.body.dataset.mode = S.mode;
@@ -650,6 +704,7 @@
         "the number is up ports, or ✕ ports not up. Click a cell or a host bar to drill down.";
     }
     headerStats();
+    showUnprotected(S.summary);
     $("fabric-error").hidden = true;
     S.renders += 1;
     document.body.dataset.renders = String(S.renders);
@@ -689,6 +744,12 @@
       parts.push(h("p", { id: "host-not-acking", class: "error", "data-epoch": String(n.epoch) },
         `not acking epoch ${n.epoch} for ${Math.round(n.age_s)} s: its plan was re-sent ` +
         `${n.resends} times (lost on the bus, or its agent does not take plans: read its log)`));
+    }
+    const sg = doc.signing;
+    if (sg) {
+      parts.push(h("p", { id: "host-signing", "data-verdict": sg.verdict },
+        h("span", { class: sg.verdict === "unprotected" ? "error" : "" }, `plans ${sg.verdict}`),
+        sg.reason ? ` (${sg.reason})` : "", sg.fix ? ` · fix: ${sg.fix}` : ""));
     }
 
     const hcaRows = (doc.hcas || []).map((x) => {
@@ -957,6 +1018,7 @@
       else S.offline.delete(d.host);
       for (const g of document.querySelectorAll("g.host")) if (g.dataset.host === d.host) g.classList.toggle("offline", d.online === false);
       if (S.mode === "aggregate") scheduleSummary();
+      else scheduleUnprotected(); // what its agent says of its signing came with its status
       scheduleHost(d.host);
     } else if (kind === "plans") {
       if (S.selectedHost && Array.isArray(d.hosts) && d.hosts.includes(S.selectedHost)) scheduleHost(S.selectedHost);
