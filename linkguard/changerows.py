@@ -5,7 +5,7 @@ Consumes: :class:`~linkguard.changerecord.ChangeRecord` s (the service's
 :class:`~linkguard.topology.changes.Change`) in the order the service saw them, with where each
 port sits (:func:`~linkguard.incidents.port_places`). Produces: rows for the ledger's tables
 (:data:`~linkguard.ledgerfile.INSERTS`' columns: ``events`` for every change, ``port_events``,
-``suppressions``, ``plans``, ``acks``, ``audit_findings``) and the
+``journal_gaps``, ``suppressions``, ``plans``, ``acks``, ``audit_findings``) and the
 :class:`~linkguard.incidents.Incident` s each change touched (:class:`ChangeRows`, pure), and
 the SQL that writes an incident (:func:`write_incident`, on the writer's connection).
 
@@ -72,6 +72,7 @@ class ChangeRows:
                 at,
                 reason=d.get("reason"),
                 rail=rail,
+                journaled=d.get("journaled") is True,
             )
             damping = d.get("damping") or {}
             suppressed = bool(damping.get("suppressed", False))
@@ -95,16 +96,39 @@ class ChangeRows:
         elif c.kind == "port_event" and key is not None:
             previous, current = str(d.get("previous")), str(d.get("current"))
             event_at = float(d.get("at", at) or at)
+            journal = d.get("journal") if isinstance(d.get("journal"), str) else None
+            seq = d.get("seq") if isinstance(d.get("seq"), int) and journal else None
+            reason = d.get("reason")
             rows["port_events"].append(
-                (run, event_at, host, hca, port, rail, leaf, su, previous, current, d.get("reason"))
+                (
+                    run,
+                    event_at,
+                    host,
+                    hca,
+                    port,
+                    rail,
+                    leaf,
+                    su,
+                    previous,
+                    current,
+                    reason,
+                    journal,
+                    seq,
+                )
             )
             touched = self.builder.on_status(
                 key,
                 current,
-                at,
+                # a journaled event: the agent's time (it may come long after, replayed)
+                event_at if seq is not None else at,
                 previous=previous,
                 reason=d.get("reason"),
                 rail=rail,
+                journaled=seq is not None,
+            )
+        elif c.kind == "journal_gap" and host:
+            rows["journal_gaps"].append(
+                (run, at, host, d.get("journal"), d.get("seq_from"), d.get("seq_to"))
             )
         elif c.kind == "plans":
             hosts = [h for h in d.get("hosts", []) if isinstance(h, str)]
@@ -183,10 +207,10 @@ def write_incident(
         )
         inc.row_id = int(cur.lastrowid or 0)
     else:
-        conn.execute(
+        conn.execute(  # ``at`` too: a journaled event that came late may start it earlier
             "UPDATE outages SET kind=?, down_s=?, ports=?, isolated=?, open=?, reroute=?,"
-            " reroute_ms=?, cause=? WHERE id=?",
-            (*values, inc.row_id),
+            " reroute_ms=?, cause=?, at=?, at_s=? WHERE id=?",
+            (*values, inc.at, round(inc.at - run_start, 6), inc.row_id),
         )
     if inc.new_ports:
         conn.executemany(

@@ -200,6 +200,12 @@ class IncidentBuilder:
         #: before it has finished publishing, i.e. before its ``plans`` change)
         self.last_ack: dict[str, tuple[int, float]] = {}
 
+    def _joins(self, inc: Incident, at: float, journaled: bool) -> bool:
+        """A port down at ``at`` joins ``inc``: it is open and its first down was at most
+        ``window_s`` earlier (either way for a journaled event, which may come late)."""
+        d = at - inc.at
+        return inc.open and (abs(d) if journaled else d) <= self.window_s and (journaled or d >= 0)
+
     def _usable(self, key: PortKey) -> bool:
         return self.status.get(key, "up") == "up"
 
@@ -212,22 +218,29 @@ class IncidentBuilder:
         previous: str | None = None,
         reason: str | None = None,
         rail: int | None = None,
+        journaled: bool = False,
     ) -> list[Incident]:
         """A port's status as a ``port`` state (``previous`` None) or a ``port_event``
-        (``previous`` its previous status) reported it at ``at``."""
+        (``previous`` its previous status) reported it at ``at``. ``journaled``: a numbered
+        event of the agent's journal (``at`` its own time; its ``previous`` is taken as it
+        is: the journal's events of a port come complete and in order), or a state whose
+        agent journals its events: such a state only seeds a port's first status, its events
+        open and close the incidents (a replayed event may come after the state)."""
+        if journaled and previous is None:
+            self.status.setdefault(key, status)
+            return []
         before = self.status.get(key)
-        if before is None and previous is not None:
+        if (before is None or journaled) and previous is not None:
             before = previous
         self.status[key] = status
         touched: list[Incident] = []
         if status == "down" and before not in (None, "down", "unknown"):
-            inc = next(
-                (i for i in reversed(self.active) if i.open and 0 <= at - i.at <= self.window_s),
-                None,
-            )
+            # journaled events may come late and out of time order across hosts
+            inc = next((i for i in reversed(self.active) if self._joins(i, at, journaled)), None)
             if inc is None:
                 inc = Incident(at=at, cause=reason)
                 self.active.append(inc)
+            inc.at = min(inc.at, at)
             if key not in inc.ports:
                 inc.new_ports.append(key)
             inc.ports[key] = self.places.get(key, PortPlace(rail, None, None))

@@ -461,10 +461,10 @@ class Ledger:
     ) -> None:
         """Write a whole run's rows in one transaction and close it: ``port_rows`` in the
         ``port_events`` columns (run, at, host, hca, port, rail, leaf, su, previous, current,
-        reason), ``event_rows`` in the ``events`` columns (run, seq, kind, at, host, hca, port,
-        rail, leaf, su, data JSON), ``outages`` as (``(at, at_s, kind, down_s, ports,
-        isolated, open, reroute, reroute_ms, cause)``, the ports it took down; those not in
-        :attr:`places` are skipped). Rolls back and re-raises on any error."""
+        reason, journal, seq), ``event_rows`` in the ``events`` columns (run, seq, kind, at,
+        host, hca, port, rail, leaf, su, data JSON), ``outages`` as (``(at, at_s, kind,
+        down_s, ports, isolated, open, reroute, reroute_ms, cause)``, the ports it took down;
+        those not in :attr:`places` are skipped). Rolls back and re-raises on any error."""
         places = self._places
         with self._lock:
             conn = self._conn

@@ -46,6 +46,7 @@ from linkguard.topology.effects import (
     ClearRetained,
     ClearStalePlans,
     Effect,
+    PublishConfirmed,
     PublishPlans,
     Reissue,
 )
@@ -173,6 +174,9 @@ class ServiceIO:
                 await self._clear_stale_plans()
             elif isinstance(e, AnnounceOnline):
                 await self._announce()
+            elif isinstance(e, PublishConfirmed):
+                msg = e.confirmed
+                await self.bus.publish(topics.events_confirmed(msg.host), encode(msg), retain=True)
             else:
                 self._execute_now([e])
 

@@ -45,6 +45,7 @@ from linkguard.agent.effects import (
     ObserveEvents,
     PersistHealth,
     PersistHistory,
+    PersistJournal,
     PersistPeerRoutes,
     PersistPlan,
     PersistTerm,
@@ -57,15 +58,18 @@ from linkguard.agent.effects import (
     SendAck,
     Yield,
 )
+from linkguard.agent.journal import EventJournal
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.plans import PlanRefused, Refusal, check_plan
 from linkguard.models import (
     Ack,
     AckResult,
+    EventsConfirmed,
     HostStatus,
     PeerRoutes,
     Plan,
     PortStatus,
+    ServiceStatus,
     encode,
     expand_plan,
 )
@@ -118,6 +122,10 @@ class AgentCore:
         self.plan_received: Plan | None = None
         #: retained peer routes, by peer
         self.peers: dict[str, PeerRoutes] = {}
+        #: the port event journal (None: events are not numbered; the wiring sets it)
+        self.journal: EventJournal | None = None
+        #: (instance, started_at) of the last online service seen on ``service/status``
+        self.service_seen: tuple[str | None, float | None] | None = None
         self._cleared_logged = False  # plan_cleared said since the last plan
 
     # -- start ---------------------------------------------------------------------------
@@ -152,7 +160,10 @@ class AgentCore:
         effects.extend(PublishState(st) for st in out.states)
         if fast_path:
             effects.append(FlushNeighbours(background=True))
-        effects.extend(PublishEvent(ev) for ev in out.events)
+        sent = list(out.events) if self.journal is None else self.journal.record(out.events)
+        effects.extend(PublishEvent(ev) for ev in sent)
+        if self.journal is not None and out.events:
+            effects.append(PersistJournal())
         effects.append(ObserveEvents(tuple(out.events)))
         if out.events:
             effects += [PersistHistory(), RailChange("port_event")]
@@ -171,6 +182,31 @@ class AgentCore:
             "fast_path_applied", port=port, epoch=ack.epoch, apply_ms=round(ack.apply_ms or 0, 2)
         )
         return [SendAck(ack), RailChange("fast_path"), ObserveAck(ack)]
+
+    # -- the event journal -------------------------------------------------------------
+    def replay_events(self) -> list[Effect]:
+        """Every journaled event the service has not confirmed, again (after a reconnect, a
+        service restart, each refresh)."""
+        if self.journal is None:
+            return []
+        return [PublishEvent(ev, replay=True) for ev in self.journal.pending()]
+
+    def on_events_confirmed(self, msg: EventsConfirmed) -> list[Effect]:
+        """``confirmed/<host>``: forget what the service recorded."""
+        if self.journal is None or not self.journal.confirm(msg):
+            return []
+        return [PersistJournal()]
+
+    def on_service_status(self, seen: ServiceStatus) -> list[Effect]:
+        """``service/status``: a service online with another ``instance`` / ``started_at``
+        than the last one seen online (a restart, a failover) gets the unconfirmed events."""
+        if not seen.online:
+            return []
+        ident = (seen.instance, seen.started_at)
+        if ident == self.service_seen:
+            return []
+        self.service_seen = ident
+        return self.replay_events()
 
     # -- presence ------------------------------------------------------------------------
     def on_status(self, seen: HostStatus, *, me: Me, retained: bool) -> list[Effect]:

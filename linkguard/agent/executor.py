@@ -31,6 +31,7 @@ from linkguard.agent.effects import (
     ObserveEvents,
     PersistHealth,
     PersistHistory,
+    PersistJournal,
     PersistPeerRoutes,
     PersistPlan,
     PersistTerm,
@@ -157,13 +158,14 @@ class EffectExecutor:
             await self._publish_state(e.state)
         elif isinstance(e, PublishEvent):
             ev = e.event
-            log.info(
-                "port_event",
+            (log.debug if e.replay else log.info)(
+                "port_event_replayed" if e.replay else "port_event",
                 port=f"{ev.hca}/{ev.port}",
                 rail=ev.rail,
                 previous=ev.previous.value,
                 current=ev.current.value,
                 reason=ev.reason,
+                seq=ev.seq,
             )
             if self._announced:
                 await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
@@ -173,6 +175,9 @@ class EffectExecutor:
             self.files.save_history(now=time.monotonic(), wall=time.time())
         elif isinstance(e, PersistHealth):
             self.files.save_health(now=time.monotonic(), wall=time.time())
+        elif isinstance(e, PersistJournal):
+            if self.core.journal is not None:
+                self.files.save_journal(self.core.journal)
         elif isinstance(e, PersistTerm):
             self.files.save_term(e.term)
         elif isinstance(e, PersistPlan):
@@ -205,6 +210,8 @@ class EffectExecutor:
         if not self._announced:  # the announce publishes the current snapshot
             return
         self.stats.states_published += 1
+        if self.core.journal is not None:  # the ledger takes its times from the events
+            st = st.model_copy(update={"journaled": True})
         await self.bus.publish(
             topics.port_state(self.host, st.hca, st.port), encode(st), retain=True
         )
@@ -296,6 +303,8 @@ class EffectExecutor:
             await self._publish_state(st)
         if self.last_ack is not None:
             await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+        # events published while the broker was away (or nobody listened) go again
+        await self.execute(self.core.replay_events())
 
     def _on_probe_targets(self, msg: BusMessage) -> None:
         """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and
