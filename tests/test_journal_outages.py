@@ -155,9 +155,7 @@ async def test_outage_while_the_service_is_down_reaches_the_ledger_once(
         assert service.wait(10) == (0 if sig == signal.SIGTERM else -sig)  # TERM: a clean stop
         down, back = await _flap_while_away(me)
         service = _serve(fabric, port, ledger, log)
-        await until(
-            lambda: not me.core.journal.held, "the replayed events confirmed", timeout=20
-        )
+        await until(lambda: not me.core.journal.held, "the replayed events confirmed", timeout=20)
         assert me.bus.connects == 1  # the agent never reconnected: a replay, not a re-announce
         service.send_signal(signal.SIGTERM)
         assert service.wait(10) == 0
@@ -207,9 +205,7 @@ async def test_outage_across_a_broker_outage_reaches_the_ledger_once(
         (tmp_path / "again").mkdir()
         broker = start_mosquitto(tmp_path / "again", port=port)  # persistence off: empty
         await until(lambda: me.bus.connects == 2, "the agent reconnects", timeout=10)
-        await until(
-            lambda: not me.core.journal.held, "the replayed events confirmed", timeout=10
-        )
+        await until(lambda: not me.core.journal.held, "the replayed events confirmed", timeout=10)
         assert service.ledger is not None and service.ledger.flush()
     finally:
         try:
