@@ -47,10 +47,29 @@ class ChangeRows:
         self.builder = builder
         #: each port's damping suppression as last recorded (a row when it flips)
         self.suppressed: dict[PortKey, bool] = {}
+        #: (host, journal, seq) of the journaled port events recorded in this run
+        self.journaled: set[tuple[str, str, int]] = set()
+
+    @staticmethod
+    def journal_key(c: ChangeRecord) -> tuple[str, str, int] | None:
+        """(host, journal, seq) of a journaled ``port_event`` change; None for any other."""
+        d = c.data
+        if c.kind != "port_event":
+            return None
+        host, journal, seq = d.get("host"), d.get("journal"), d.get("seq")
+        if isinstance(host, str) and isinstance(journal, str) and isinstance(seq, int):
+            return host, journal, seq
+        return None
 
     def record(self, c: ChangeRecord, rows: Rows) -> list[Incident]:
         """Rows for one change into ``rows`` (table -> rows, :data:`~linkguard.ledgerfile.INSERTS`'
-        columns); the incidents it touched."""
+        columns); the incidents it touched. A journaled port event recorded before in this
+        run (a replay the service could not tell) adds nothing."""
+        jkey = self.journal_key(c)
+        if jkey is not None:
+            if jkey in self.journaled:
+                return []
+            self.journaled.add(jkey)
         d, run, at = c.data, self.run_id, c.at
         host = d.get("host") if isinstance(d.get("host"), str) else None
         hca = d.get("hca") if isinstance(d.get("hca"), str) else None
