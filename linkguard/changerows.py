@@ -91,7 +91,6 @@ class ChangeRows:
                 at,
                 reason=d.get("reason"),
                 rail=rail,
-                journaled=d.get("journaled") is True,
             )
             damping = d.get("damping") or {}
             suppressed = bool(damping.get("suppressed", False))

@@ -197,13 +197,15 @@ class AgentCore:
             return []
         return [PersistJournal()]
 
-    def on_service_status(self, seen: ServiceStatus) -> list[Effect]:
-        """``service/status``: a service online with another ``instance`` / ``started_at``
-        than the last one seen online (a restart, a failover) gets the unconfirmed events."""
+    def on_service_status(self, seen: ServiceStatus, *, retained: bool) -> list[Effect]:
+        """``service/status``: the unconfirmed events go again to a service that announces
+        itself live (it just connected: after a broker outage it may have come back after
+        this agent's own replay) or, retained, with another ``instance`` / ``started_at``
+        than the last one seen online (a restart, a failover)."""
         if not seen.online:
             return []
         ident = (seen.instance, seen.started_at)
-        if ident == self.service_seen:
+        if retained and ident == self.service_seen:
             return []
         self.service_seen = ident
         return self.replay_events()

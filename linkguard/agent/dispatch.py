@@ -104,7 +104,7 @@ class MessageDispatch(EffectExecutor):
         if isinstance(obj, EventsConfirmed):
             await self.execute(self.core.on_events_confirmed(obj))
         elif isinstance(obj, ServiceStatus):
-            await self.execute(self.core.on_service_status(obj))
+            await self.execute(self.core.on_service_status(obj, retained=msg.retain))
 
     async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
         """``peers/<peer>``: decoded (a zero-length payload: deleted) -> core -> effects."""

@@ -210,8 +210,6 @@ class EffectExecutor:
         if not self._announced:  # the announce publishes the current snapshot
             return
         self.stats.states_published += 1
-        if self.core.journal is not None:  # the ledger takes its times from the events
-            st = st.model_copy(update={"journaled": True})
         await self.bus.publish(
             topics.port_state(self.host, st.hca, st.port), encode(st), retain=True
         )

@@ -341,11 +341,6 @@ class PortState(_Model):
     )
     observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
     seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
-    journaled: bool = Field(
-        False,
-        description="the agent numbers and journals this port's events (PortEvent.seq): the "
-        "ledger takes the port's down/up times from them, not from this state",
-    )
 
     @property
     def key(self) -> str:

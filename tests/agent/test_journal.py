@@ -14,7 +14,6 @@ import pytest
 from linkguard.agent.journal import EventJournal
 from linkguard.agent.monitor import DampingPolicy, PortMonitor
 from linkguard.agent.statefiles import StateFiles
-from linkguard.changerows import ChangeRows
 from linkguard.incidents import IncidentBuilder, PortPlace
 from linkguard.ledger import Ledger
 from linkguard.models import EventsConfirmed, PortEvent, PortStatus
@@ -162,9 +161,9 @@ def _change(seq: int, kind: str, data: dict, at: float) -> Change:
 
 
 def test_the_ledger_records_a_replayed_event_once_with_the_agents_time(tmp_path: Path) -> None:
-    """A journaled port state (the reconnect's) opens nothing; the replayed events open and
-    close the outage at the agent's times; the same events again (a replay the service
-    could not tell) add no row; a gap is a row of its own."""
+    """The port's state at the reconnect opens the outage at the service's time; the
+    replayed events move it to the agent's times; the same events again (a replay the
+    service could not tell) add no row; a gap is a row of its own."""
     path = tmp_path / "l.sqlite3"
     j = EventJournal(JID, limit=8)
     down, back = j.record([_ev(1_700_000_000.0), _ev(1_700_000_004.5, "held_down", "down")])
@@ -174,8 +173,8 @@ def test_the_ledger_records_a_replayed_event_once_with_the_agents_time(tmp_path:
         t = 1_700_000_010.0  # the reconnect: the service's time
         led.write(
             [
-                _change(1, "port", {**state, "status": "up", "journaled": True}, t - 20),
-                _change(2, "port", {**state, "journaled": True}, t),
+                _change(1, "port", {**state, "status": "up"}, t - 20),
+                _change(2, "port", {**state, "status": "down"}, t),
                 _change(3, "port_event", down.model_dump(mode="json"), t + 0.1),
                 _change(4, "port_event", back.model_dump(mode="json"), t + 0.2),
                 _change(5, "port_event", down.model_dump(mode="json"), t + 0.3),
@@ -232,10 +231,14 @@ def test_a_schema_1_ledger_is_migrated_when_a_service_opens_it(tmp_path: Path) -
         ]
 
 
-def test_incident_places_are_the_fabrics() -> None:
-    """The builder of the rows above: a journaled state seeds, never opens (pure)."""
+def test_once_a_host_journals_its_states_open_nothing() -> None:
+    """(Pure.) After a host's first journaled event, a state seeds a port's status and opens
+    nothing: the replayed event that follows it opens the incident at the agent's time."""
     b = IncidentBuilder({("h", "x", 1): PortPlace(1, None, None)})
-    assert b.on_status(("h", "x", 1), "down", 10.0, journaled=True) == []
+    b.on_status(("h", "x", 2), "up", 1.0, previous="unknown", journaled=True)
+    assert b.on_status(("h", "x", 1), "up", 2.0) == []
+    assert b.on_status(("h", "x", 1), "down", 10.0) == []
     touched = b.on_status(("h", "x", 1), "down", 3.0, previous="up", journaled=True)
-    assert [i.at for i in touched] == [3.0]
-    assert ChangeRows  # the rows' builder is exercised through the ledger above
+    assert [(i.at, i.open) for i in touched] == [(3.0, True)]
+    touched = b.on_status(("h", "x", 1), "held_down", 4.5, previous="down", journaled=True)
+    assert [(i.at, i.down_s) for i in touched] == [(3.0, 1.5)]
