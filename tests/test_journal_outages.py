@@ -41,14 +41,14 @@ ME = HOSTS[0]
 TOLERANCE_S = 0.01
 
 
-def _agent(tmp: Path, host: str, port: int) -> Agent:
+def _agent(tmp: Path, host: str, port: int, journal_max_events: int = 1024) -> Agent:
     s = agent_settings_for(
         FABRIC,
         host,
         workdir=tmp,
         bus=BusSettings(port=port, reconnect_min_s=0.05, reconnect_max_s=0.3),
         damping=DampingPolicy(hold_down_initial_s=0.3, hold_down_max_s=1),
-    )
+    ).model_copy(update={"journal_max_events": journal_max_events})
     src = SimulatedPortSource([active_port(h.hca, h.port) for h in FABRIC.host(host).hcas])
     return Agent(s, source=src, table=MemoryRouteTable(), discovered=[])
 
@@ -86,14 +86,14 @@ async def _stop_agents(agents: dict[str, Agent], tasks: list[asyncio.Task]) -> N
 async def _flap_while_away(me: Agent) -> tuple[PortEvent, PortEvent]:
     """gpu000's rail 1 goes down and comes back (into its hold-down): the journal's down
     event and the first one out of down (the agent's own times)."""
-    held = len(me.core.journal.held) if me.core.journal else 0
+    assert me.core.journal is not None
+    start = me.core.journal.next_seq
     me.source.link_down("mlx5_1")
     await until(lambda: me.monitor.state("mlx5_1/1").status == PortStatus.DOWN, "down")
     await asyncio.sleep(0.4)  # the outage lasts a while
     me.source.link_up("mlx5_1")
     await until(lambda: me.monitor.state("mlx5_1/1").status == PortStatus.HELD_DOWN, "held")
-    assert me.core.journal is not None
-    mine = [e for e in list(me.core.journal.held)[held:] if e.hca == "mlx5_1"]
+    mine = [e for e in me.core.journal.held if e.hca == "mlx5_1" and (e.seq or 0) >= start]
     down = next(e for e in mine if e.current == PortStatus.DOWN)
     back = next(e for e in mine if (e.seq or 0) > (down.seq or 0))
     assert back.current == PortStatus.HELD_DOWN and back.at - down.at >= 0.4
@@ -215,4 +215,64 @@ async def test_outage_across_a_broker_outage_reaches_the_ledger_once(
         finally:
             broker.process.terminate()
             broker.process.wait(5)
+    _assert_once(ledger, down, back)
+
+
+@pytest.mark.real
+async def test_past_the_journal_bound_the_ledger_records_a_gap_and_invents_nothing(
+    mosquitto, tmp_path: Path
+) -> None:
+    """gpu000 holds 3 unconfirmed events at most. With the service stopped its rail 1 flaps
+    twice (6 events: down, held_down, up, twice); the restarted service gets the last three
+    and the range the journal dropped: one ``journal_gaps`` row, the outage of the second
+    flap with its true times, and no row for the dropped events."""
+    port = mosquitto.port
+    fabric = tmp_path / "fabric.yaml"
+    fabric.write_text(dump_fabric(FABRIC, "yaml"))
+    ledger, log = tmp_path / "ledger.sqlite3", tmp_path / "service.log"
+    agents = {h: _agent(tmp_path, h, port, journal_max_events=3) for h in HOSTS}
+    tasks = [asyncio.create_task(a.run()) for a in agents.values()]
+    service = _serve(fabric, port, ledger, log)
+    me = agents[ME]
+    try:
+        await until(
+            lambda: all((a.applier.applied_epoch or 0) > 0 for a in agents.values()),
+            "first plans applied",
+            timeout=20,
+        )
+        journal = me.core.journal
+        assert journal is not None
+        await until(lambda: not journal.held, "the start events confirmed", timeout=10)
+        first = journal.next_seq
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(10) == 0
+        await _flap_while_away(me)
+        await until(lambda: me.monitor.state("mlx5_1/1").status == PortStatus.UP, "up")
+        down, back = await _flap_while_away(me)
+        await until(lambda: me.monitor.state("mlx5_1/1").status == PortStatus.UP, "up again")
+        assert journal.lost == (first, first + 2)  # the first flap's three events
+        assert [e.seq for e in journal.held] == [first + 3, first + 4, first + 5]
+        assert (down.seq, back.seq) == (first + 3, first + 4)
+        service = _serve(fabric, port, ledger, log)
+        await until(lambda: not journal.held, "the replayed events confirmed", timeout=20)
+        assert journal.lost is None
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(10) == 0
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(5)
+        await _stop_agents(agents, tasks)
+    with Ledger(ledger, create=False) as led:
+        gaps = led._conn.execute("SELECT host, seq_from, seq_to FROM journal_gaps").fetchall()
+        seqs = [
+            r[0]
+            for r in led._conn.execute(
+                "SELECT seq FROM port_events WHERE host=? AND hca=? ORDER BY seq", (ME, "mlx5_1")
+            )
+        ]
+        kinds = {r["kind"] for r in led.events(kind="journal_gap")[1]}
+    assert gaps == [(ME, first, first + 2)]
+    assert kinds == {"journal_gap"}
+    assert [s for s in seqs if s >= first] == [first + 3, first + 4, first + 5]  # none invented
     _assert_once(ledger, down, back)
