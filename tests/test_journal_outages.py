@@ -253,9 +253,10 @@ async def test_past_the_journal_bound_the_ledger_records_a_gap_and_invents_nothi
         assert journal.lost == (first, first + 2)  # the first flap's three events
         assert [e.seq for e in journal.held] == [first + 3, first + 4, first + 5]
         assert (down.seq, back.seq) == (first + 3, first + 4)
+        assert (me.stats.journal_held, me.stats.journal_dropped) == (3, 3)  # the metrics' source
         service = _serve(fabric, port, ledger, log)
         await until(lambda: not journal.held, "the replayed events confirmed", timeout=20)
-        assert journal.lost is None
+        assert journal.lost is None and me.stats.journal_held == 0
         service.send_signal(signal.SIGTERM)
         assert service.wait(10) == 0
     finally:

@@ -92,6 +92,9 @@ class AgentStats:
     messages_dropped: Counter[str] = field(default_factory=Counter)
     fast_paths: int = 0
     states_published: int = 0
+    #: port events held in the journal unconfirmed; dropped past its bound since the start
+    journal_held: int = 0
+    journal_dropped: int = 0
 
 
 class AgentCore:
@@ -163,6 +166,7 @@ class AgentCore:
         sent = list(out.events) if self.journal is None else self.journal.record(out.events)
         effects.extend(PublishEvent(ev) for ev in sent)
         if self.journal is not None and out.events:
+            self._journal_stats()
             effects.append(PersistJournal())
         effects.append(ObserveEvents(tuple(out.events)))
         if out.events:
@@ -184,6 +188,11 @@ class AgentCore:
         return [SendAck(ack), RailChange("fast_path"), ObserveAck(ack)]
 
     # -- the event journal -------------------------------------------------------------
+    def use_journal(self, journal: EventJournal) -> None:
+        """Number and journal port events from now on (the wiring's, with the saved one)."""
+        self.journal = journal
+        self._journal_stats()
+
     def replay_events(self) -> list[Effect]:
         """Every journaled event the service has not confirmed, again (after a reconnect, a
         service restart, each refresh)."""
@@ -195,7 +204,13 @@ class AgentCore:
         """``confirmed/<host>``: forget what the service recorded."""
         if self.journal is None or not self.journal.confirm(msg):
             return []
+        self._journal_stats()
         return [PersistJournal()]
+
+    def _journal_stats(self) -> None:
+        if self.journal is not None:
+            self.stats.journal_held = len(self.journal.held)
+            self.stats.journal_dropped = self.journal.dropped
 
     def on_service_status(self, seen: ServiceStatus, *, retained: bool) -> list[Effect]:
         """``service/status``: the unconfirmed events go again to a service that announces

@@ -57,6 +57,8 @@ class EventJournal:
         self.held: deque[PortEvent] = deque()
         #: (first, last) number dropped unconfirmed past the bound; None: none
         self.lost: tuple[int, int] | None = None
+        #: events dropped past the bound since this object was made (a metric)
+        self.dropped = 0
 
     @property
     def held_from(self) -> int:
@@ -75,6 +77,7 @@ class EventJournal:
         while len(self.held) > self.limit:
             gone = self.held.popleft().seq or 0
             self.lost = (self.lost[0] if self.lost else gone, gone)
+            self.dropped += 1
         return [self._stamped(ev) for ev in numbered if (ev.seq or 0) >= self.held_from]
 
     def confirm(self, msg: EventsConfirmed) -> bool:
