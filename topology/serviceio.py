@@ -176,7 +176,11 @@ class ServiceIO:
                 await self._announce()
             elif isinstance(e, PublishConfirmed):
                 msg = e.confirmed
-                await self.bus.publish(topics.events_confirmed(msg.host), encode(msg), retain=True)
+                # QoS 0: no PUBACK to wait for in the receive loop (one per port event); a
+                # confirmation lost with a connection comes back as the retained copy on the
+                # agent's resubscribe, or again on its next replay
+                topic = topics.events_confirmed(msg.host)
+                await self.bus.publish(topic, encode(msg), retain=True, qos=0)
             else:
                 self._execute_now([e])
 

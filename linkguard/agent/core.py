@@ -201,11 +201,12 @@ class AgentCore:
         return [PublishEvent(ev, replay=True) for ev in self.journal.pending()]
 
     def on_events_confirmed(self, msg: EventsConfirmed) -> list[Effect]:
-        """``confirmed/<host>``: forget what the service recorded."""
-        if self.journal is None or not self.journal.confirm(msg):
-            return []
-        self._journal_stats()
-        return [PersistJournal()]
+        """``confirmed/<host>``: forget what the service recorded. Not saved at once (one
+        disk write per event is enough): the file catches up with the next event, and what
+        a restarted agent replays in between the service de-duplicates."""
+        if self.journal is not None and self.journal.confirm(msg):
+            self._journal_stats()
+        return []
 
     def _journal_stats(self) -> None:
         if self.journal is not None:
@@ -216,13 +217,14 @@ class AgentCore:
         """``service/status``: the unconfirmed events go again to a service that announces
         itself live (it just connected: after a broker outage it may have come back after
         this agent's own replay) or, retained, with another ``instance`` / ``started_at``
-        than the last one seen online (a restart, a failover)."""
+        than the last one seen online (a restart, a failover). The first retained one seen
+        only names the service: this agent's own announce replays."""
         if not seen.online:
             return []
-        ident = (seen.instance, seen.started_at)
-        if retained and ident == self.service_seen:
-            return []
+        ident, before = (seen.instance, seen.started_at), self.service_seen
         self.service_seen = ident
+        if retained and before in (None, ident):
+            return []
         return self.replay_events()
 
     # -- presence ------------------------------------------------------------------------

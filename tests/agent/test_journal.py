@@ -249,14 +249,15 @@ def test_the_agent_replays_to_a_service_that_connects_or_restarts() -> None:
     one of another instance gets the held events again; the same instance retained, or an
     offline one, does not."""
     from linkguard.agent.core import AgentCore
-    from linkguard.agent.effects import PersistJournal, PublishEvent
+    from linkguard.agent.effects import PublishEvent
     from linkguard.models import ServiceStatus
 
     core = AgentCore(host="gpu000", netdevs=(), prefixes=())
     core.use_journal(EventJournal(JID, limit=8))
     core.journal.record([_ev(1.0)])  # type: ignore[union-attr]
     one = ServiceStatus(online=True, instance="aa", started_at=1.0)
-    replayed = core.on_service_status(one, retained=True)
+    assert core.on_service_status(one, retained=True) == []  # first sight: the announce's
+    replayed = core.on_service_status(one, retained=False)
     assert [(type(e), e.replay) for e in replayed] == [(PublishEvent, True)]  # type: ignore[union-attr]
     assert core.on_service_status(one, retained=True) == []
     assert len(core.on_service_status(one, retained=False)) == 1
@@ -264,7 +265,5 @@ def test_the_agent_replays_to_a_service_that_connects_or_restarts() -> None:
     assert (
         len(core.on_service_status(one.model_copy(update={"instance": "bb"}), retained=True)) == 1
     )
-    assert core.on_events_confirmed(EventsConfirmed(host="gpu000", journal=JID, upto=1)) == [
-        PersistJournal()
-    ]
+    assert core.on_events_confirmed(EventsConfirmed(host="gpu000", journal=JID, upto=1)) == []
     assert core.replay_events() == [] and core.stats.journal_held == 0
