@@ -356,7 +356,8 @@ class VerbsEventReader:
             # workers share its process group), then keep what stderr said (1 s at most)
             await asyncio.shield(self._kill(proc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(drain), 1.0)
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(drain)
             drain.cancel()
         self.stats.exits += 1
         return rc, " | ".join(err)[-600:]

@@ -199,6 +199,7 @@ def samples() -> dict[str, Any]:
         CableRef,
         FabricFaults,
         HostStatus,
+        PlanRequest,
         PortEvent,
         PortState,
         PortStatus,
@@ -246,6 +247,10 @@ def samples() -> dict[str, Any]:
                 )
             ],
             "ack": [Ack(host=h0, epoch=7, result=AckResult.APPLIED, applied_at=2.0, apply_ms=0.4)],
+            "plan_request": [
+                PlanRequest(host=h0, epoch=6, reason="reconnect", at=2.5),
+                PlanRequest(host=h0, at=2.5),
+            ],
             "inventory": [fabric.host(h0)],
             "status": [HostStatus(host=h0, online=True, at=1.0, version="0.1.0", instance="ab12")],
             "service_status": [ServiceStatus(online=True, at=1.0, instance="cd34", started_at=1)],

@@ -299,7 +299,8 @@ class Bus(BusLife):
         """Wait until connected. Raises :class:`BusConnectTimeout` (a TimeoutError) after
         ``timeout`` seconds, with the last connection error and what to check."""
         try:
-            await asyncio.wait_for(self.connected.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.connected.wait()
         except TimeoutError:
             why = self.last_error or "no answer yet"
             hint = f"; {self.last_hint}" if self.last_hint else ""

@@ -30,6 +30,7 @@ from linkguard.settings.sections import (
 from linkguard.settings.service import ServiceSettings
 from linkguard.settings.servicesections import (
     ApiSettings,
+    ConvergenceSettings,
     EtcdLeaderSettings,
     GeneratorSettings,
     KubernetesLeaderSettings,
@@ -47,6 +48,7 @@ __all__ = [
     "ApiSettings",
     "BusSettings",
     "ConfigError",
+    "ConvergenceSettings",
     "DeprecatedSetting",
     "EtcdLeaderSettings",
     "GeneratorSettings",

@@ -364,7 +364,8 @@ class MemoryBus(BusLife):
 
     async def wait_connected(self, timeout: float) -> None:
         """TimeoutError after ``timeout`` seconds without a connection."""
-        await asyncio.wait_for(self.connected.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await self.connected.wait()
 
     async def publish(
         self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1

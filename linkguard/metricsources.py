@@ -145,6 +145,15 @@ class NamedFabric(Protocol):
     def hosts(self) -> Collection[HostInventory]: ...
 
 
+class ConvergenceSource(Protocol):
+    """The service's convergence (:class:`~linkguard.topology.convergence.Convergence`)."""
+
+    @property
+    def resends(self) -> int: ...
+
+    def not_acking(self, now: float) -> Sized: ...
+
+
 class ServiceSource(Protocol):
     """A topology service (:class:`~linkguard.topology.service.TopologyService`)."""
 
@@ -170,5 +179,7 @@ class ServiceSource(Protocol):
     def dropped(self) -> Mapping[str, int]: ...
     @property
     def probe_pairs_unanswerable(self) -> int: ...
+    @property
+    def convergence(self) -> ConvergenceSource: ...
     @property
     def bus(self) -> Any: ...

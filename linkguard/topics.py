@@ -7,6 +7,8 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/events                  PortEvent
   linkguard/v1/hosts/<host>/ack                  R  Ack
   linkguard/v1/hosts/<host>/probes                  ProbeReport (per-rail probe results)
+  linkguard/v1/hosts/<host>/plan-request            PlanRequest (the agent asks for its plan
+                                                    again; see below)
   linkguard/v1/plans/<host>                      R  Plan
   linkguard/v1/probes/<host>                     R  ProbeTargets (whom each rail probes)
   linkguard/v1/peers/<host>                      R  PeerRoutes (routes every whole host needs
@@ -45,6 +47,15 @@ agent reported lost). The agent reads it (and ``service/status``: a service with
 after a reconnect (:mod:`linkguard.agent.journal`). The service de-duplicates by (host,
 journal, seq): a replayed event is recorded once.
 
+``hosts/<host>/plan-request`` is published by an agent that may be behind: after every
+(re)connect, and when a peer routes message carries a newer leader term than its plan. It
+carries the epoch the agent applied; the service re-sends that host's plan and the peer routes
+it needs when that epoch is below the one it owes an ack for, at most once per
+``convergence.request_min_interval_s`` per host (the others are dropped and counted as
+``plan_request_limited``). The service also re-sends, unasked, to an online host that has not
+acked its current epoch ``convergence.resend_after_s`` after the publish, with a capped
+back-off (:mod:`linkguard.topology.convergence`).
+
 A refused ``fabric/faults`` set (malformed, or naming a switch or cable the fabric lacks)
 leaves the faults in effect unchanged, and the service publishes the set in effect back on
 ``fabric/faults`` (retained), so a restarted service reads that set, not the refused one.
@@ -74,6 +85,7 @@ __all__ = [
     "parse",
     "peer_routes",
     "plan",
+    "plan_request",
     "port_state",
     "probe_report",
     "probe_targets",
@@ -119,6 +131,10 @@ def ack(host: str) -> str:
 
 def events_confirmed(host: str) -> str:
     return f"{PREFIX}/confirmed/{_seg(host)}"
+
+
+def plan_request(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/plan-request"
 
 
 def plan(host: str) -> str:
@@ -168,8 +184,8 @@ def all_peer_routes() -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    # inventory | status | port | events | ack | probes | plan | peers | probe_targets |
-    # confirmed; host ""
+    # inventory | status | port | events | ack | probes | plan_request | plan | peers |
+    # probe_targets | confirmed; host ""
     # for the fabric-wide ones: service_status | service_audit | service_health | fabric_faults
     kind: str
     host: str
@@ -206,6 +222,8 @@ def parse(topic: str) -> ParsedTopic | None:
     rest = parts[4:]
     if rest in (["inventory"], ["status"], ["events"], ["ack"], ["probes"]):
         return ParsedTopic(rest[0], host)
+    if rest == ["plan-request"]:
+        return ParsedTopic("plan_request", host)
     # at most 10 digits: int() refuses a text of more than 4,300 (ValueError), and any MQTT
     # client can publish such a topic
     if len(rest) == 3 and rest[0] == "ports" and rest[2].isdigit() and len(rest[2]) <= 10:

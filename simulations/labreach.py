@@ -47,7 +47,8 @@ class Prober:
             start_new_session=True,
         )  # fmt: skip
         assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+        async with asyncio.timeout(15):
+            line = await proc.stdout.readline()
         if line.strip() != b"ready":
             raise LabProcessError(f"prober of {host} did not start: {line!r}")
         return cls(host, proc)
@@ -60,7 +61,8 @@ class Prober:
         await self.proc.stdin.drain()
         out: dict[str, bool] = {}
         while True:
-            line = (await asyncio.wait_for(self.proc.stdout.readline(), 30)).decode().split()
+            async with asyncio.timeout(30):
+                line = (await self.proc.stdout.readline()).decode().split()
             if not line:
                 raise LabProcessError(f"prober of {self.host} exited")
             if line[0] == "done":
@@ -141,4 +143,5 @@ class Probers:
         """Wait (at most 5 s each) for the killed probers to exit."""
         for p in self.by_host.values():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(p.proc.wait(), 5)
+                async with asyncio.timeout(5):
+                    await p.proc.wait()

@@ -385,7 +385,8 @@ class _LabRun:
         try:
             if self.rig.bus is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.rig.bus.close(), 5)
+                    async with asyncio.timeout(5):
+                        await self.rig.bus.close()
         finally:
             if self.job is not None:
                 self.job.kill()  # stopped by now unless the run failed; the lab reaps them

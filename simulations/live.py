@@ -241,7 +241,8 @@ class _Live:
             await wait_until(lambda: not bus.connected.is_set(), 1.0, "the connection cut")
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(asyncio.shield(task), 10)
+            async with asyncio.timeout(10):
+                await asyncio.shield(task)
 
     def _restart_agent(self, host: str) -> None:
         """A new agent for ``host``: the old one's settings (state dir), the same route table,

@@ -366,3 +366,61 @@ async def test_a_probe_drained_port_is_drawn_apart_and_back(tmp_path: Path) -> N
             "document.getElementById('count-probe-drained').textContent === '0'", timeout=2000
         )
         assert page.errors == []
+
+
+async def test_a_host_not_acking_is_shown_until_it_acks(tmp_path: Path) -> None:
+    """Issue 21: an online host that does not ack its current epoch is named in the header and
+    its host view (from the API's ``not_acking``) while the service re-sends its plan, and
+    cleared once its ack arrives. The service on the in-memory bus; the test plays the
+    agent's side (its status online, later its ack)."""
+    from linkguard.config import ConvergenceSettings
+    from linkguard.models import Ack, AckResult, HostStatus
+
+    require_browser()
+    fabric = generate_rail_optimized(hosts=4, rails=2)
+    host = fabric.host_names[1]
+    broker = MemoryBroker()
+    settings = ServiceSettings(
+        bus=BusSettings(),
+        startup_settle_s=0,
+        api=ApiSettings(port=0),
+        convergence=ConvergenceSettings(resend_after_s=0.5, resend_max_s=1),
+    )
+    service = TopologyService(settings, fabric=fabric, bus_factory=broker.bus_factory)
+    agent = broker.bus_factory(**BusSettings().connection(), client_id="test-agent")
+    tasks = [asyncio.create_task(service.run()), asyncio.create_task(agent.run())]
+    try:
+        await agent.wait_connected(5)
+        online = HostStatus(host=host, online=True, at=time.time())
+        await agent.publish(topics.status(host), encode(online), retain=True)
+        url = await api_url(service)
+        async with chromium() as browser:
+            page = await open_dashboard(browser, url)
+            await page.wait_for_function(
+                f"document.getElementById('not-acking').dataset.hosts === '{host}'",
+                timeout=5000,
+            )
+            assert await page.is_visible("#not-acking")
+            epoch = service.state.acked_epoch(host)
+            assert f"{host} (epoch {epoch}," in await page.inner_text("#not-acking")
+            assert await page.evaluate(
+                f"document.querySelector('g.host[data-host=\"{host}\"]')"
+                ".classList.contains('not-acking')"
+            )
+            hca = fabric.host(host).hcas[0]
+            await page.click(f"#port-{host}-{hca.hca}-{hca.port}")
+            await page.wait_for_selector(f"#host-not-acking[data-epoch='{epoch}']")
+            assert service.convergence.resends >= 1
+
+            ack = Ack(host=host, epoch=epoch, result=AckResult.APPLIED, applied_at=time.time())
+            await agent.publish(topics.ack(host), encode(ack), retain=True)
+            await page.wait_for_function(
+                "document.getElementById('not-acking').dataset.count === '0'", timeout=5000
+            )
+            assert not await page.is_visible("#not-acking")
+            await page.wait_for_selector("#host-not-acking", state="detached", timeout=5000)
+            assert page.errors == []
+    finally:
+        service.stop()
+        tasks[1].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

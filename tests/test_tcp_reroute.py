@@ -4,7 +4,7 @@ Mosquitto, the topology service and one agent per host (netlink driver), and a T
 host0 to GPU 0 of host1, whose home rail is rail 0. The stall of a fault is the longest gap
 between the records the receiver got around it.
 
-Rail 0's link goes down for 2 s, at one host, then the other (five faults). With linkguard as
+Rail 0's link goes down for 1 s, at one host, then the other (five faults). With linkguard as
 configured by default the connection is back while the link is still down, about one TCP
 retransmission timeout after the fault (the agents flush the neighbour entries the reroute left
 stale). With ``routes.neighbour_flush: false`` a segment sent in the moment between the carrier
@@ -44,13 +44,13 @@ from tests.e2e.harness import (
 from tests.support import require_root
 
 TCPFLOW = Path(tcpflow.__file__)
-DOWN_S = 2.0
+DOWN_S = 1.0
 PORT = 5301
 #: the stream sends one 16-byte record this often (ms)
 INTERVAL_MS = 1
 #: the service's RFC 8405 back-off returns to QUIET after this long without a change (ms); each
 #: fault waits for it, so every fault is solved at once, as a first failure in a stable fabric
-HOLDDOWN_MS = 1000
+HOLDDOWN_MS = 500
 
 
 async def _faults(
@@ -143,9 +143,9 @@ async def test_tcp_resumes_within_one_rto_with_the_neighbour_flush(
         assert local == str(lab.hosts[0].endpoints[0]) == "10.200.128.1"
         assert len(stalls) == 5
         for victim, ms in stalls:
-            # back while the link was still down, within a retransmission back-off step of one
-            # RTO (200 ms) after the reroute; a stall until the return would be >= 2,000 ms
-            assert 0 < ms < 1_000, (victim, ms, stalls)
+            # back while the link was still down (a retransmission back-off step or two of one
+            # RTO, 200 ms, after the reroute); a stall until the return would be >= DOWN_S
+            assert 0 < ms < DOWN_S * 1000 * 0.9, (victim, ms, stalls)
         # typically one RTO: 200 ms, plus the reroute (measured here: 210-217 ms)
         assert sorted(ms for _, ms in stalls)[2] < 400, stalls
 

@@ -9,6 +9,8 @@ filter).
 """
 
 import json
+import time
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -73,12 +75,14 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 drained[by] += 1
         order = sorted(cells, key=lambda k: (k[0] is None, k[0] or 0, k[1], k[2] or ""))
         online = service.state.online
+        not_acking = service.convergence.not_acking(time.monotonic())
         return JSONResponse(
             {
                 "epoch": service.state.epoch,
                 "hosts": len(index.by_host),
                 "online": sum(1 for h in index.by_host if online.get(h)),
                 "routed_around": sorted(service.state.away),
+                "not_acking": [asdict(n) for n in not_acking],
                 "drained": drained,
                 "cells": [
                     {
@@ -161,6 +165,7 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
             )
         plan = state.plans[host] if host in state.published else None
         ack = state.acks.get(host)
+        late = [n for n in service.convergence.not_acking(time.monotonic()) if n.host == host]
         return JSONResponse(
             {
                 "host": host,
@@ -171,6 +176,7 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "plan": plan.model_dump(mode="json") if plan is not None else None,
                 "plan_epoch": state.acked_epoch(host),
                 "acked_epoch": ack.epoch if ack and ack.result == AckResult.APPLIED else None,
+                "not_acking": asdict(late[0]) if late else None,
                 "ack": ack.model_dump(mode="json") if ack is not None else None,
                 "rail_map": [a.model_dump(mode="json") for a in plan.rail_assignments]
                 if plan is not None

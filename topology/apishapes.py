@@ -33,6 +33,7 @@ __all__ = [
     "Kind",
     "LeafRef",
     "LimitQ",
+    "NotAckingRow",
     "OffsetQ",
     "PlanRow",
     "PlansPage",
@@ -159,11 +160,21 @@ class Cell(BaseModel):
     drained: Drained = Field(description="ports by drained_by (see the ports view)")
 
 
+class NotAckingRow(BaseModel):
+    host: str
+    epoch: int = Field(description="the epoch it owes an ack for")
+    age_s: float = Field(description="since its plan (or the peer routes) went out, s")
+    resends: int = Field(description="times its plan was re-sent for this epoch")
+
+
 class SummaryDoc(BaseModel):
     epoch: int = Field(description="the last plan epoch issued")
     hosts: int
     online: int = Field(description="hosts whose agent says it is online")
     routed_around: list[str] = Field(description="hosts routed around (their last will)")
+    not_acking: list[NotAckingRow] = Field(
+        description="online hosts past their ack deadline (convergence.resend_after_s)"
+    )
     drained: Drained = Field(description="ports by drained_by, the whole fabric")
     cells: list[Cell] = Field(description="one per (SU, rail, leaf)")
 
@@ -201,6 +212,9 @@ class HostDoc(BaseModel):
     plan: dict[str, Any] | None = Field(description="its full plan (Plan JSON, expanded)")
     plan_epoch: int | None = Field(description="the epoch it owes an ack for")
     acked_epoch: int | None = Field(description="the epoch of its last applied ack")
+    not_acking: NotAckingRow | None = Field(
+        description="set while it is online and past its ack deadline (its plan is re-sent)"
+    )
     ack: dict[str, Any] | None = Field(description="its last Ack JSON, whatever the result")
     rail_map: list[RailMapEntry]
 

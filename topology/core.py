@@ -38,6 +38,7 @@ from linkguard.models import (
     HostStatus,
     PeerRoutes,
     Plan,
+    PlanRequest,
     PortEvent,
     PortState,
     PortStatus,
@@ -48,6 +49,7 @@ from linkguard.models import (
 from linkguard.presence import Me, Verdict, judge
 from linkguard.signing import SignatureError, Verifier, unwrap
 from linkguard.topology.audit import inventory_problems
+from linkguard.topology.convergence import Convergence
 from linkguard.topology.effects import (
     AnnounceOnline,
     ClearRetained,
@@ -84,6 +86,7 @@ DECODERS: dict[str, type[BaseModel]] = {
     "fabric_faults": FabricFaults,
     "events": PortEvent,
     "probes": ProbeReport,
+    "plan_request": PlanRequest,
 }
 
 
@@ -129,6 +132,8 @@ class ServiceCore:
             dropped=self.dropped,
             changed=lambda now, urgent: self.changed(now, urgent=urgent),
         )
+        #: online hosts that do not ack their current epoch: when to re-send, plan requests
+        self.convergence = Convergence(settings.convergence, self.state, self.online_since)
         self.inventories: dict[str, HostInventory] = {}
         #: hosts the fabric does not list whose agent says it is online (``unknown_host``)
         self.strangers: set[str] = set()
@@ -192,6 +197,8 @@ class ServiceCore:
             return []
         if parsed.kind == "service_status":
             return self.on_service_status(topic, payload, retain)
+        if parsed.kind == "plan_request" and not leading:
+            return []  # the leader answers
         host, kind, size = parsed.host, parsed.kind, len(payload)
         unknown_host = host not in self.state.host_names
         if kind in ("plan", "peers"):
@@ -268,6 +275,8 @@ class ServiceCore:
             return self.on_host_status(obj, now)
         if isinstance(obj, Ack):
             return self.on_ack(obj, now)
+        if isinstance(obj, PlanRequest):
+            return self.on_plan_request(obj, topic, now)
         if isinstance(obj, Plan):
             self.state.on_retained_plan(obj)
         elif isinstance(obj, PeerRoutes):
@@ -307,6 +316,7 @@ class ServiceCore:
         was_away = obj.host in self.state.away
         if not obj.online:
             self.online_since.pop(obj.host, None)
+            self.convergence.forget(obj.host)
         elif obj.host not in self.online_since:
             self.online_since[obj.host] = now
         self.state.on_host_status(obj, now=now)
@@ -326,6 +336,7 @@ class ServiceCore:
         """An agent's ack: kept, emitted, counted against the hosts the last publish waits
         for (the last one logs ``plans_acked``: epoch, hosts, ms from the publish)."""
         self.state.on_ack(ack)
+        self.convergence.on_ack(ack.host, ack.epoch)
         out: list[Effect] = [Emit("ack", ack.model_dump(mode="json"))]
         out += self.schedule.on_applied(ack, now)
         # one line per host and event would be thousands a minute at fleet scale: the applied
@@ -450,8 +461,29 @@ class ServiceCore:
 
     def sent(self, payloads: Iterable[tuple[str, bytes]], now: float) -> None:
         """What the wiring published on plan and peer routes topics at ``now`` (as sent:
-        signed), to recognise it when it comes back."""
+        signed), to recognise it when it comes back, and to time the acks they are owed."""
+        payloads = list(payloads)
         self.integrity.note_sent(payloads, now)
+        self.convergence.sent((topic for topic, _ in payloads), now)
+
+    def converge(self, now: float) -> tuple[list[Effect], float | None]:
+        """The convergence tick at ``now`` (:meth:`Convergence.tick`): re-sends to online
+        hosts past their ack deadline, and when the next is due. Nothing before the startup
+        settle is over (the first solve has not published yet)."""
+        if not self.settled:
+            return [], None
+        return self.convergence.tick(now)
+
+    def on_plan_request(self, req: PlanRequest, topic: str, now: float) -> list[Effect]:
+        """An agent asks for its plan (:meth:`Convergence.on_request`); one over the rate
+        limit is dropped and counted (``plan_request_limited``)."""
+        if not self.settled:
+            return []  # the first solve publishes every plan
+        out, refused = self.convergence.on_request(req, now)
+        if refused is not None:
+            self.dropped[refused] += 1
+            return [Log("debug", "message_dropped", {"topic": topic, "reason": refused})]
+        return out
 
     def on_stale_plan(
         self, topic: str, payload: bytes, host: str, kind: RetainedKind

@@ -156,7 +156,8 @@ class EtcdLease:
 
             host, port = self.endpoints[self._next % len(self.endpoints)]
             self._client = aetcd.Client(host=host, port=port, timeout=self.rpc_timeout_s)
-            await asyncio.wait_for(self._client.connect(), self.rpc_timeout_s)
+            async with asyncio.timeout(self.rpc_timeout_s):
+                await self._client.connect()
         return self._client
 
     async def _drop_client(self) -> None:
@@ -165,11 +166,13 @@ class EtcdLease:
         self._next += 1
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), self.rpc_timeout_s)
+                async with asyncio.timeout(self.rpc_timeout_s):
+                    await client.close()
 
     async def _call(self, fn: str, *args: Any, **kw: Any) -> Any:
         client = await self._connect()
-        return await asyncio.wait_for(getattr(client, fn)(*args, **kw), self.rpc_timeout_s)
+        async with asyncio.timeout(self.rpc_timeout_s):
+            return await getattr(client, fn)(*args, **kw)
 
     # -- the interface -------------------------------------------------------------------------
     async def campaign(self) -> int:

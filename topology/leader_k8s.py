@@ -448,9 +448,8 @@ class KubernetesLease:
             try:
                 spec = release_spec(held, datetime.now(UTC))
                 body = lease_body(held, spec, namespace=self.namespace, name=self.name)
-                await asyncio.wait_for(
-                    self._request("PUT", f"{self._path}/{self.name}", body), self.api_timeout_s
-                )
+                async with asyncio.timeout(self.api_timeout_s):
+                    await self._request("PUT", f"{self._path}/{self.name}", body)
                 log.info(
                     "leader_resigned" if leading else "leader_lease_released",
                     term=self.term,

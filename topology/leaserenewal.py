@@ -68,7 +68,8 @@ async def keep_lease(
             continue
         sent = time.monotonic()
         try:
-            why = await asyncio.wait_for(renew(), max(0.05, lease.deadline - sent))
+            async with asyncio.timeout(max(0.05, lease.deadline - sent)):
+                why = await renew()
         except Exception as exc:
             log.warning(failed, error=repr(exc)[:300], term=lease.term)
             if on_error is not None:

@@ -12,7 +12,8 @@ stale plans and probe targets cleared, ``service/health`` when the degraded rail
 route-around effects, and :class:`~linkguard.topology.leader.LeadershipLostError` when the
 lease is lost. Creates no task: :mod:`linkguard.topology.service` (the wiring module) runs
 :meth:`ScheduleIO._lead`, :meth:`ScheduleIO._solver` and :meth:`ScheduleIO._route_around` as
-its ``leader``, ``solver`` and ``route_around`` tasks.
+its ``leader``, ``solver`` and ``route_around`` tasks, and :meth:`ScheduleIO._converge` (plans
+re-sent to hosts that do not ack, :mod:`linkguard.topology.convergence`) as ``convergence``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import structlog
 from linkguard.topology.faultsio import FaultsIO
 from linkguard.topology.leader import LeadershipLostError
 
-__all__ = ["ScheduleIO"]
+__all__ = ["CONVERGE_POLL_S", "ScheduleIO"]
+
+#: the longest (s) the convergence loop sleeps before looking for hosts owing an ack
+CONVERGE_POLL_S = 1.0
 
 log = structlog.get_logger(__name__)
 
@@ -88,7 +92,24 @@ class ScheduleIO(FaultsIO):
             self._execute_now(effects)
             timeout = None if due_at is None else max(0.0, due_at - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._offline_kick.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._offline_kick.wait()
+
+    async def _converge(self) -> None:
+        """Re-send plans to online hosts that do not ack their current epoch when the core's
+        convergence says so (:meth:`~linkguard.topology.core.ServiceCore.converge`): waits for
+        the next re-send due, looking at least every :data:`CONVERGE_POLL_S` for hosts that
+        started owing an ack. Only while this service leads."""
+        await self._won.wait()
+        poll = min(CONVERGE_POLL_S, self.settings.convergence.resend_after_s / 2)
+        while True:
+            now = time.monotonic()
+            due = None
+            if self.leadership.is_leader():
+                effects, due = self.core.converge(now)
+                await self._execute(effects)
+            wait = poll if due is None else min(poll, max(0.0, due - time.monotonic()))
+            await asyncio.sleep(wait)
 
     def _warn_unknown_ports(self) -> None:
         self._execute_now(self.core.warn_unknown_ports())

@@ -10,12 +10,15 @@ Channels (``producer -> consumer``)::
     core -> reissue:<topic> task    Reissue: this service's own plan put back at its time
     solver / prober -> io -> bus    plans, peer routes, probe targets (retained, signed)
     io -> resender task             what the broker did not take: io.unsent, _resend_kick
+    core -> convergence task        hosts that do not ack: re-sent at the times core.converge says
     core / io -> changes            Emit: the change feed -> ledger, HTTP API stream
     leader task -> solver, auditor  _won: this service leads (at once without election)
 
 One TaskGroup, its tasks named: ``bus``, ``solver`` (waits for a change, waits as the RFC 8405
 back-off says (:mod:`linkguard.topology.backoff`), solves off the event loop, publishes),
 ``auditor`` (the fleet audit, retained on ``service/audit``), ``route_around``, ``resender``,
+``convergence`` (plans re-sent to online hosts that do not ack:
+:mod:`~linkguard.topology.convergence`),
 ``leader`` (:mod:`linkguard.topology.leader`), ``stop``, ``prober`` (with ``probes.enabled``),
 ``api`` (with ``api.enabled``: :mod:`linkguard.topology.api`, bound before the bus connects);
 and one ``reissue:<topic>`` task per foreign message being answered. What is published and
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -50,6 +52,7 @@ from linkguard.ledger import Ledger
 from linkguard.models import encode
 from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Signer
+from linkguard.stopdeadline import on_stop_signals
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.core import DECODERS, ServiceCore
 from linkguard.topology.effects import (
@@ -182,7 +185,8 @@ class TopologyService(ScheduleIO, ProbesIO):
                 t.cancel()
             # the lease goes now, not at its TTL: a standby takes over at its next poll
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.leadership.resign(), 5)
+                async with asyncio.timeout(5):
+                    await self.leadership.resign()
             if self.ledger is not None:  # commits what is queued (a blocking moment at exit)
                 self.ledger.close()
             log.info("topology_stopped", solves=self.solves, plans=self.plans_published)
@@ -202,6 +206,7 @@ class TopologyService(ScheduleIO, ProbesIO):
             tg.create_task(self._auditor(), name="auditor"),  # core (_audit_kick) -> bus
             tg.create_task(self._route_around(), name="route_around"),  # core -> route-around
             tg.create_task(self._resender(), name="resender"),  # io (_resend_kick) -> bus
+            tg.create_task(self._converge(), name="convergence"),  # core (not acking) -> bus
             tg.create_task(self._lead(), name="leader"),  # election -> _won -> solver, ...
             tg.create_task(self._stop.wait(), name="stop"),  # stop(), a duplicate -> run
         ]
@@ -215,9 +220,8 @@ class TopologyService(ScheduleIO, ProbesIO):
             if self.core.duplicate is None:  # never mark the other instance offline
                 with contextlib.suppress(TimeoutError):
                     offline = encode(self._status(online=False))
-                    await asyncio.wait_for(
-                        self.bus.publish(topics.service_status(), offline, retain=True), 2
-                    )
+                    async with asyncio.timeout(2):
+                        await self.bus.publish(topics.service_status(), offline, retain=True)
         finally:
             if api is not None and serving is not None:  # ends its streams, closes (graceful)
                 await api.shutdown(serving)
@@ -289,8 +293,6 @@ _DECODERS = DECODERS
 async def run_service(settings: ServiceSettings) -> None:
     """Run until SIGTERM/SIGINT."""
     service = TopologyService(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
+    on_stop_signals(service.stop, process="topology")  # a stop that hangs ends after 10 s
     with contextlib.suppress(asyncio.CancelledError):
         await service.run()

@@ -139,6 +139,7 @@ class ServiceIO:
     faults = _Delegate(lambda c: c.switch_faults.faults)
     health_at = _Delegate(lambda c: c.switch_faults.health_at)
     refused = _Delegate(lambda c: c.switch_faults.refused)
+    convergence = _Delegate(lambda c: c.convergence)
 
     @property
     def online_since(self) -> dict[str, float]:

@@ -16,6 +16,7 @@ from linkguard.bus import BusSession
 from linkguard.config import ServiceSettings
 from linkguard.metricsources import ServiceSource
 from linkguard.topology.changes import ChangeFeed
+from linkguard.topology.convergence import Convergence
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.state import FabricState
 
@@ -40,5 +41,7 @@ class ServiceView(ServiceSource, Protocol):
     def bus(self) -> BusSession: ...
     @property
     def health_doc(self) -> dict[str, object] | None: ...
+    @property
+    def convergence(self) -> Convergence: ...
 
     def probe_verdicts(self, *, now: float | None = None) -> list[dict[str, object]]: ...

@@ -54,6 +54,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    ResendAck,
     ScheduleTimer,
     SendAck,
     Yield,
@@ -304,12 +305,14 @@ class AgentCore:
             taken = self._apply_expanded(self.peers, applied, now, effects)
             if taken and changed:
                 effects.append(PersistPlan(raw))
+            if not any(isinstance(e, ApplyPlan) for e in effects) and applied is not None:
+                effects.append(ResendAck(plan.epoch))  # in place already: the ack again
             return effects
         self.plan_received = plan
         if applied is not None and (plan.term, plan.epoch) == (applied.term, applied.epoch):
             if plan.same_assignments(applied):
                 log.debug("plan_already_applied", epoch=plan.epoch)
-                return effects
+                return [*effects, ResendAck(plan.epoch)]  # the service may miss the ack
             # the same epoch, other content: an expansion of the compact plan this one
             # replaces was applied with it (retained copies arrive in any order): apply
             self._apply(plan, applied, now, effects, same_epoch=True, raw=raw)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -74,6 +73,7 @@ from linkguard.models import (
 from linkguard.nccl import NcclFiles
 from linkguard.presence import DuplicateInstanceError, Me
 from linkguard.signing import Verifier
+from linkguard.stopdeadline import on_stop_signals
 
 __all__ = ["Agent", "AgentStats", "DuplicateHostError", "discover", "make_source", "run_agent"]
 
@@ -199,14 +199,12 @@ class Agent(MessageDispatch):
                 await self._stop.wait()
                 if self.duplicate is None:  # never mark the other instance offline
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            self.bus.publish(
+                        async with asyncio.timeout(2):
+                            await self.bus.publish(
                                 topics.status(self.host),
                                 encode(self._status(online=False, reason="stopped")),
                                 retain=True,
-                            ),
-                            2,
-                        )
+                            )
                 raise _Stopped
         except* _Stopped:
             pass
@@ -267,7 +265,8 @@ class Agent(MessageDispatch):
                 None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
                 continue
             out = self.monitor.tick(now=time.monotonic(), wall=time.time())
             await self._handle(out)
@@ -284,7 +283,5 @@ class DuplicateHostError(DuplicateInstanceError):
 async def run_agent(settings: AgentSettings) -> None:
     """Run an agent until SIGTERM/SIGINT (clean shutdown with the configured policy)."""
     agent = Agent(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.stop)
+    on_stop_signals(agent.stop, process="agent")  # a stop that hangs ends after 10 s, logged
     await agent.run()

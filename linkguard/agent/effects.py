@@ -31,6 +31,7 @@ __all__ = [
     "RailChange",
     "Reannounce",
     "RenderNccl",
+    "ResendAck",
     "ScheduleTimer",
     "SendAck",
     "Yield",
@@ -85,6 +86,15 @@ class SendAck:
     """Keep ``ack`` as the last one and publish it (retained) once the host is announced."""
 
     ack: Ack
+
+
+@dataclass(frozen=True)
+class ResendAck:
+    """A plan of ``epoch`` arrived again and is applied already (the service re-sent it: it
+    has no ack of it, :mod:`linkguard.topology.convergence`): publish the last ack again when
+    it is of ``epoch`` or later and the host is announced (else the announce publishes it)."""
+
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,7 @@ Effect = (
     | MarkPortUp
     | ApplyPlan
     | SendAck
+    | ResendAck
     | PublishState
     | PublishEvent
     | FlushNeighbours

@@ -40,6 +40,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    ResendAck,
     ScheduleTimer,
     SendAck,
     Yield,
@@ -61,6 +62,7 @@ from linkguard.models import (
     HostStatus,
     PeerRoutes,
     Plan,
+    PlanRequest,
     PortState,
     ProbeReport,
     ProbeTargets,
@@ -154,6 +156,11 @@ class EffectExecutor:
             await self.execute(self.core.plan_applied(ack))
         elif isinstance(e, SendAck):
             await self._send_ack(e.ack)
+        elif isinstance(e, ResendAck):
+            last = self.last_ack
+            if self._announced and last is not None and last.epoch >= e.epoch:
+                log.info("ack_resent", epoch=last.epoch, result=last.result.value)
+                await self.bus.publish(topics.ack(self.host), encode(last), retain=True)
         elif isinstance(e, PublishState):
             await self._publish_state(e.state)
         elif isinstance(e, PublishEvent):
@@ -301,6 +308,12 @@ class EffectExecutor:
             await self._publish_state(st)
         if self.last_ack is not None:
             await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+        # it may have missed plans while away (or a QoS 0 delivery): the service re-sends them
+        # when the epoch applied here is below the one it owes (linkguard.topology.convergence)
+        request = PlanRequest(
+            host=self.host, epoch=self.applier.applied_epoch, reason="reconnect", at=time.time()
+        )
+        await self.bus.publish(topics.plan_request(self.host), encode(request), retain=False)
         # events published while the broker was away (or nobody listened) go again
         await self.execute(self.core.replay_events())
 

@@ -226,7 +226,8 @@ class HookRunner:
                 h.pending = job
                 h.wake.clear()
                 with contextlib.suppress(TimeoutError):  # a newer change cuts the wait short
-                    await asyncio.wait_for(h.wake.wait(), backoff_delay(h.settings, job.attempt))
+                    async with asyncio.timeout(backoff_delay(h.settings, job.attempt)):
+                        await h.wake.wait()
                 h.wake.clear()
             h.busy = False
 
@@ -258,7 +259,8 @@ class HookRunner:
         out = bytearray()
         err = bytearray()
         try:
-            await asyncio.wait_for(self._talk(proc, payload, out, err), s.timeout_s)
+            async with asyncio.timeout(s.timeout_s):
+                await self._talk(proc, payload, out, err)
         except TimeoutError:
             await self._kill(proc, self.kill_grace_s)
             self._failed(h, job, "timeout", f"still running after {s.timeout_s:g} s", err)
@@ -319,7 +321,8 @@ class HookRunner:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), grace_s if sig == signal.SIGTERM else 5)
+                    async with asyncio.timeout(grace_s if sig == signal.SIGTERM else 5):
+                        await proc.wait()
                 if proc.returncode is not None:
                     break
         # what it started in its group and left behind (stdout held open, a background sleep)

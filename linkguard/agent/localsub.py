@@ -209,7 +209,8 @@ class RailMapServer:
             err = {"error": "too_many_subscribers", "detail": f"{self.max_subscribers} at once"}
             writer.write(_line(err, "error"))
             with contextlib.suppress(ConnectionError, TimeoutError):
-                await asyncio.wait_for(writer.drain(), self.close_grace_s)
+                async with asyncio.timeout(self.close_grace_s):
+                    await writer.drain()
             writer.close()
             return
         c = _Client(writer, self.queue)
@@ -285,7 +286,8 @@ class RailMapServer:
             w.write(_line(err, "error"))  # buffered by the transport: never blocks
         w.close()
         try:
-            await asyncio.wait_for(w.wait_closed(), self.close_grace_s)
+            async with asyncio.timeout(self.close_grace_s):
+                await w.wait_closed()
         except (TimeoutError, ConnectionError, OSError):
             w.transport.abort()
         except asyncio.CancelledError:  # the server stops

@@ -119,7 +119,8 @@ class ProbeRunner:
                 self.failures += 1
                 log.warning("probe_failed", error=repr(exc)[:300], epoch=targets.epoch)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), targets.window_s)
+                    async with asyncio.timeout(targets.window_s):
+                        await self._changed.wait()
                 self._changed.set()
 
     async def _probe(self, t: ProbeTargets, publish: Publish) -> None:
@@ -143,7 +144,8 @@ class ProbeRunner:
                 log.info("probes_started", epoch=t.epoch, rails=sorted(senders))
             while not self._changed.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), t.window_s)
+                    async with asyncio.timeout(t.window_s):
+                        await self._changed.wait()
                 if self._changed.is_set():
                     break
                 await publish(self._report(t, senders))

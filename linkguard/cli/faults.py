@@ -231,7 +231,8 @@ async def _publish_retained(bus, topic: str, payload: bytes, *, timeout: float) 
     addresses = bus.broker_addresses()
     for i, (host, port) in enumerate(addresses):
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            async with asyncio.timeout(timeout):
+                _, writer = await asyncio.open_connection(host, port)
         except OSError:
             if i == len(addresses) - 1:
                 raise

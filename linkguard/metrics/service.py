@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,18 @@ HOSTS_PENDING_ACK = MetricSpec(
     "gauge",
     "Hosts whose current plan has no applied ack with its epoch yet",
 )
+HOSTS_NOT_ACKING = MetricSpec(
+    "linkguard_hosts_not_acking",
+    "gauge",
+    "Online hosts past their ack deadline: no ack of the epoch they owe "
+    "convergence.resend_after_s after its publish (their plan is being re-sent)",
+)
+PLAN_RESENDS = MetricSpec(
+    "linkguard_plan_resends_total",
+    "counter",
+    "Plans re-sent to online hosts that had not acked their current epoch in time, or "
+    "whose agent asked (plan-request), since the service started",
+)
 ACKS = MetricSpec(
     "linkguard_acks_total",
     "counter",
@@ -176,6 +189,8 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     PORTS,
     HOSTS_ROUTED_AROUND,
     HOSTS_PENDING_ACK,
+    HOSTS_NOT_ACKING,
+    PLAN_RESENDS,
     ACKS,
     MESSAGES_DROPPED,
     JOURNAL_GAP_EVENTS,
@@ -367,6 +382,8 @@ class ServiceMetrics:
             fam_ports,
             gauge(HOSTS_ROUTED_AROUND, len(state.away)),
             gauge(HOSTS_PENDING_ACK, len(state.pending_acks())),
+            gauge(HOSTS_NOT_ACKING, len(svc.convergence.not_acking(time.monotonic()))),
+            counter(PLAN_RESENDS, svc.convergence.resends),
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
             counter(JOURNAL_GAP_EVENTS, self.journal_gap_events),

@@ -345,3 +345,16 @@ class Ack(_Model):
     applied_at: float = Field(ge=0)
     apply_ms: float | None = Field(None, ge=0)
     fast_path: bool = Field(False, description="applied locally from a backup, not a plan")
+
+
+class PlanRequest(_Model):
+    """Agent -> service, on ``hosts/<host>/plan-request`` (not retained): this agent may be
+    behind (it reconnected, or saw a newer epoch or leader term than its plan's) and asks for
+    its plan and peer routes again. ``epoch``: the epoch it applied (None: none yet); the
+    service answers (re-sends) only when that is below the epoch it owes an ack for, at most
+    once per ``convergence.request_min_interval_s`` per host."""
+
+    host: HostName
+    epoch: Epoch | None = None
+    reason: str = Field("reconnect", max_length=64, pattern=r"^[a-z_]+$")
+    at: float = Field(ge=0, description="when it was asked (agent's Unix time, s)")

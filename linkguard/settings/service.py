@@ -2,8 +2,8 @@
 
 Consumes: the values the sources gathered (:class:`~linkguard.settings.role.SettingsBase`).
 Produces: the service's settings: the fabric (a file or ``generate:``), the ``solve``
-back-off, ``ledger``, ``api``, ``leader``, ``offline`` and ``probes`` sections and the signing
-key. The old flat keys of :attr:`ServiceSettings.renamed_keys` (``debounce_ms``,
+back-off, ``ledger``, ``api``, ``leader``, ``offline``, ``convergence`` and ``probes`` sections
+and the signing key. The old flat keys of :attr:`ServiceSettings.renamed_keys` (``debounce_ms``,
 ``solve_*``) are still read, with a warning (:mod:`linkguard.settings.deprecations`). Raises
 ``pydantic.ValidationError`` naming the key.
 """
@@ -22,6 +22,7 @@ from linkguard.settings.role import SettingsBase
 from linkguard.settings.sections import ProbeRunSettings
 from linkguard.settings.servicesections import (
     ApiSettings,
+    ConvergenceSettings,
     GeneratorSettings,
     LeaderSettings,
     LedgerSettings,
@@ -102,6 +103,10 @@ class ServiceSettings(SettingsBase):
     offline: OfflineSettings = Field(
         default_factory=OfflineSettings,
         description="routing around hosts whose agent's connection was lost (last will)",
+    )
+    convergence: ConvergenceSettings = Field(
+        default_factory=ConvergenceSettings,
+        description="re-sending plans to online hosts that do not ack their current epoch",
     )
     probes: ProbeRunSettings = Field(
         default_factory=ProbeRunSettings,

@@ -1,11 +1,12 @@
 """The topology service's sections.
 
-Consumes: the service's ``generate``, ``solve``, ``api``, ``offline``, ``leader`` and ``ledger``
-sections. Produces: :class:`GeneratorSettings`, :class:`SolveSettings` (RFC 8405's back-off,
-as the :class:`~linkguard.backoffpolicy.BackoffPolicy` it makes), :class:`ApiSettings`,
-:class:`OfflineSettings`, :class:`LeaderSettings` (:class:`EtcdLeaderSettings`,
-:class:`KubernetesLeaderSettings`) and :class:`LedgerSettings`. Each raises
-``pydantic.ValidationError`` naming the key for a bad value.
+Consumes: the service's ``generate``, ``solve``, ``api``, ``offline``, ``convergence``,
+``leader`` and ``ledger`` sections. Produces: :class:`GeneratorSettings`, :class:`SolveSettings`
+(RFC 8405's back-off, as the :class:`~linkguard.backoffpolicy.BackoffPolicy` it makes),
+:class:`ApiSettings`, :class:`OfflineSettings`, :class:`ConvergenceSettings`,
+:class:`LeaderSettings` (:class:`EtcdLeaderSettings`, :class:`KubernetesLeaderSettings`) and
+:class:`LedgerSettings`. Each raises ``pydantic.ValidationError`` naming the key for a bad
+value.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from linkguard.settings.bus import broker_address
 
 __all__ = [
     "ApiSettings",
+    "ConvergenceSettings",
     "EtcdLeaderSettings",
     "GeneratorSettings",
     "KubernetesLeaderSettings",
@@ -183,6 +185,51 @@ class OfflineSettings(Section):
     def limit(self, hosts: int) -> int:
         """How many of ``hosts`` may be routed around at once (at least 1)."""
         return max(1, int(self.max_fraction * hosts))
+
+
+class ConvergenceSettings(Section):
+    """What the service does about an online host that has not acked its current epoch
+    (:mod:`linkguard.topology.convergence`): a plan or peer routes message lost on the way (a
+    QoS 0 subscription, a dropped connection), or an ack lost on the way back.
+
+    ``resend_after_s`` after the service published the plan a host owes an ack for, with no
+    applied ack of that epoch, the host counts as not acking (``host_not_acking`` logged with
+    host, epoch and age; ``linkguard_hosts_not_acking``; the API's and dashboard's
+    ``not_acking``) and its plan and the peer routes it needs are published again; then again
+    after twice that wait, doubling up to ``resend_max_s`` between re-sends, for as long as the
+    host is online and owes the ack. An agent's ``plan-request`` (it reconnected or learned it
+    is behind) is answered the same way, at most once per ``request_min_interval_s`` per
+    host."""
+
+    resend_after_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="an online host without an applied ack of its current epoch this long (s) "
+        "after the publish counts as not acking and gets its plan and peer routes again",
+    )
+    resend_max_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="the wait between re-sends doubles from resend_after_s up to this (s)",
+    )
+    request_min_interval_s: float = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="an agent's plan-request is answered at most once per this long (s) per "
+        "host; the others are counted (dropped reason plan_request_limited) and ignored",
+    )
+
+    @model_validator(mode="after")
+    def _max_above_first(self) -> ConvergenceSettings:
+        if self.resend_max_s < self.resend_after_s:
+            raise ValueError(
+                f"resend_max_s ({self.resend_max_s:g}) must be >= resend_after_s "
+                f"({self.resend_after_s:g})"
+            )
+        return self
 
 
 class EtcdLeaderSettings(Section):

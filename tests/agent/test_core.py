@@ -28,6 +28,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    ResendAck,
     ScheduleTimer,
     SendAck,
     Yield,
@@ -195,11 +196,14 @@ def test_plan_accepted_applies_persists_as_received_and_acks() -> None:
     assert core.stats.plans_applied == 1 and not core.stats.plans_refused
 
 
-def test_the_same_plan_again_changes_nothing() -> None:
+def test_the_same_plan_again_changes_nothing_but_acks_again() -> None:
+    """A plan applied already arrives again (the service re-sends it: it has no ack of it,
+    linkguard.topology.convergence): nothing is applied, the last ack goes out again."""
     core = _core()
     plan = _full(3)
     core.on_plan(plan, raw=encode(plan), topic=TOPIC, applied=None, now=NOW)
-    assert core.on_plan(plan, raw=encode(plan), topic=TOPIC, applied=plan, now=NOW) == []
+    again = core.on_plan(plan, raw=encode(plan), topic=TOPIC, applied=plan, now=NOW)
+    assert again == [ResendAck(3)]
 
 
 def _refused_ack(epoch: int, reason: Refusal, detail: str) -> SendAck:

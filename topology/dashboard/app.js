@@ -18,6 +18,9 @@
 //   rect.cell  id "cell-su<su>-r<rail>"       data-su data-rail data-leaf data-shown (worst)
 //                                             data-up data-hosts ... data-drained-probe (count),
 //                                             data-drained="probe" when any (aggregate view)
+//   #not-acking  data-count data-hosts (space-separated): online hosts past their ack deadline
+//                (api/v1/summary "not_acking", polled every NOT_ACKING_POLL_MS); g.host of such a
+//                host gets class "not-acking"; the host view's #host-not-acking says since when
 //   body data-mode ("detail" | "aggregate"), data-rendered (ms from navigation start to the
 //   first complete fabric picture), data-renders (pictures drawn), data-stream (open | error)
 // Every text from the API goes through textContent / setAttribute: never innerHTML.
@@ -38,6 +41,7 @@
   const TIMELINE_MAX = 300;
   const TIMELINE_KINDS = ["port_event", "host", "plans", "health", "audit"];
   const MIN_ROW_W = 480; // px: SU blocks wrap into rows as wide as the panel, at least this
+  const NOT_ACKING_POLL_MS = 2000; // how often the hosts that do not ack are looked up
 
   const S = {
     fabric: null,
@@ -58,6 +62,7 @@
     renders: 0,
     offline: new Set(),
     probeDrained: new Set(), // "host/hca/port" of ports a probe verdict drains (drained_by "probe")
+    notAcking: new Set(), // hosts past their ack deadline (api/v1/summary not_acking)
   };
 
   // ---------- small DOM helpers (text only through textContent) ----------
@@ -310,7 +315,7 @@
     const cols = document.createDocumentFragment();
     hosts.forEach((host, hi) => {
       const hx = hostsX0 + hi * hostW;
-      const hg = s("g", { class: "host", "data-host": host.host });
+      const hg = s("g", { class: S.notAcking.has(host.host) ? "host not-acking" : "host", "data-host": host.host });
       if (S.offline.has(host.host)) hg.classList.add("offline");
       if (S.selectedHost === host.host) hg.classList.add("selected");
       for (const hca of host.hcas) {
@@ -588,6 +593,35 @@
       `${(f.leaves || []).length} leaves · ${(f.spines || []).length} spines`;
   }
 
+  // online hosts that have not acked their current epoch in time (the service re-sends to them)
+  function drawNotAcking(rows) {
+    const el = $("not-acking");
+    const hosts = rows.map((r) => r.host);
+    el.dataset.count = String(rows.length);
+    el.dataset.hosts = hosts.join(" ");
+    el.hidden = rows.length === 0;
+    const first = rows.slice(0, 5).map((r) => `${r.host} (epoch ${r.epoch}, ${Math.round(r.age_s)} s, ${r.resends} re-sends)`);
+    el.textContent = rows.length
+      ? `${rows.length} not acking: ${first.join(", ")}${rows.length > 5 ? ", …" : ""}`
+      : "";
+    const late = new Set(hosts);
+    S.notAcking = late;
+    for (const g of document.querySelectorAll("g.host")) g.classList.toggle("not-acking", late.has(g.dataset.host));
+  }
+
+  async function loadNotAcking() {
+    try {
+      const summary = await getJSON("summary");
+      const rows = summary.not_acking || [];
+      drawNotAcking(rows);
+      const sel = S.selectedHost;
+      // the host view follows: its age while late, and its line gone once it acked
+      if (sel && (Boolean($("host-not-acking")) || rows.some((r) => r.host === sel))) scheduleHost(sel);
+    } catch (err) {
+      // the next poll tries again; the stream's status says when the service is gone
+    }
+  }
+
   function showError(err) {
     const p = $("fabric-error");
     p.hidden = false;
@@ -650,6 +684,12 @@
       h("span", { class: doc.online ? "" : "error" }, doc.online ? "online" : "offline"),
       ` · plan epoch ${doc.plan_epoch ?? "–"}, acked ${doc.acked_epoch ?? "–"}` +
       (doc.plan_epoch != null && doc.plan_epoch === doc.acked_epoch ? " ✓" : "")));
+    if (doc.not_acking) {
+      const n = doc.not_acking;
+      parts.push(h("p", { id: "host-not-acking", class: "error", "data-epoch": String(n.epoch) },
+        `not acking epoch ${n.epoch} for ${Math.round(n.age_s)} s: its plan was re-sent ` +
+        `${n.resends} times (lost on the bus, or its agent does not take plans: read its log)`));
+    }
 
     const hcaRows = (doc.hcas || []).map((x) => {
       const st = x.state || {};
@@ -1003,6 +1043,8 @@
     loadEvents();
     loadReport();
     setInterval(loadReport, 60000);
+    loadNotAcking();
+    setInterval(loadNotAcking, NOT_ACKING_POLL_MS);
     let resizeTimer = null;
     window.addEventListener("resize", () => {
       clearTimeout(resizeTimer);
