@@ -43,6 +43,15 @@ class AppliedPlan(Protocol):
     def applied_epoch(self) -> int | None: ...
     @property
     def neighbours_flushed(self) -> int: ...
+    @property
+    def writes(self) -> StateWriteFailures: ...
+
+
+class StateWriteFailures(Protocol):
+    """The agent's state-file writes (:class:`~linkguard.agent.statewrites.StateWrites`)."""
+
+    @property
+    def failures(self) -> Mapping[str, int]: ...
 
 
 class AgentCounters(Protocol):

@@ -301,6 +301,7 @@ class ServiceCore:
     def on_host_status(self, obj: HostStatus, now: float) -> list[Effect]:
         """A fabric host's agent went online or offline (its last will)."""
         was_away = obj.host in self.state.away
+        was_failing = obj.host in self.state.state_write_failing
         if not obj.online:
             self.online_since.pop(obj.host, None)
         elif obj.host not in self.online_since:
@@ -312,6 +313,18 @@ class ServiceCore:
             KickAudit(),
             Log("info", "host_status", fields),
         ]
+        if obj.host in self.state.state_write_failing and not was_failing:
+            out.append(
+                Log(
+                    "warning",
+                    "host_state_write_failing",
+                    {
+                        "host": obj.host,
+                        "hint": "its agent cannot write its state_dir (full or failing disk): "
+                        "it routes from memory, but a restart would start from old files",
+                    },
+                )
+            )
         if was_away and obj.host not in self.state.away:
             out.append(Log("info", "route_around_ended", {"host": obj.host, "online": obj.online}))
             out += self.changed(now, urgent=False)

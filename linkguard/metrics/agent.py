@@ -150,6 +150,13 @@ PORT_STATES_PUBLISHED = MetricSpec(
     "counter",
     "Port states published on the bus since the agent started",
 )
+STATE_WRITE_FAILURES = MetricSpec(
+    "linkguard_state_write_failures_total",
+    "counter",
+    "Writes of a state_dir file the disk refused (ENOSPC, EIO, EROFS, ...), by file "
+    "(plan, peer_routes, damping, counter_health, term); the agent routes on from memory",
+    ("file",),
+)
 BUILD_INFO = MetricSpec(
     "linkguard_build_info",
     "gauge",
@@ -176,6 +183,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     NEIGHBOURS_FLUSHED,
     MESSAGES_DROPPED,
     PORT_STATES_PUBLISHED,
+    STATE_WRITE_FAILURES,
     *BUS_METRICS,
     BUILD_INFO,
 )
@@ -292,6 +300,7 @@ class AgentMetrics:
             counter(NEIGHBOURS_FLUSHED, a.applier.neighbours_flushed),
             counter(MESSAGES_DROPPED, dict(stats.messages_dropped)),
             counter(PORT_STATES_PUBLISHED, stats.states_published),
+            counter(STATE_WRITE_FAILURES, dict(a.applier.writes.failures)),
             *bus_families(a.bus),
             info,
         ]

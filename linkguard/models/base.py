@@ -367,6 +367,11 @@ class HostStatus(_Model):
     its shutdown policy says) or ``lost`` (its last will: the broker lost the connection, the
     host or its agent may be dead); the service routes around a ``lost`` host after a grace
     period (:class:`~linkguard.config.OfflineSettings`). None (an older agent): neither.
+
+    ``state_write_failing``: True while the agent cannot write a file of its ``state_dir``
+    (ENOSPC, EIO, EROFS: :mod:`linkguard.agent.statewrites`); it routes from memory, but what
+    it would restart from is not current, so the service flags the host. None: an older agent
+    or none failing.
     """
 
     host: HostName
@@ -376,6 +381,7 @@ class HostStatus(_Model):
     version: str | None = Field(None, max_length=64)
     instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
     started_at: float | None = Field(None, ge=0)
+    state_write_failing: bool | None = None
 
 
 class ServiceStatus(_Model):
