@@ -114,6 +114,8 @@ class ServiceIO:
     _won: asyncio.Event
     _reissuing: dict[str, asyncio.Task[None]]
     _started: float
+    #: when the bus first connected (monotonic s): the start-up settle counts from it
+    _first_connect: float | None
     ledger: Ledger | None
 
     # the core's state under the names the service always had (other code and tests read them)
@@ -438,9 +440,13 @@ class ServiceIO:
             await asyncio.sleep(debounce_s)
 
     async def _settle(self) -> None:
-        """Wait out what is left of ``startup_settle_s`` (retained states, plans, statuses and
-        inventories arrive meanwhile)."""
-        settle = self.settings.startup_settle_s - (time.monotonic() - self._started)
+        """Wait out what is left of ``startup_settle_s`` counted from the first connect to the
+        broker (retained states, plans, statuses and inventories arrive meanwhile): a broker
+        that was away at start must not shorten it (issue 21: the first solve went out before
+        the retained states had arrived). The callers await ``bus.connected`` first."""
+        if self._first_connect is None:
+            self._first_connect = time.monotonic()
+        settle = self.settings.startup_settle_s - (time.monotonic() - self._first_connect)
         if settle > 0:
             await asyncio.sleep(settle)
 

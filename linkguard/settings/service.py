@@ -77,7 +77,11 @@ class ServiceSettings(SettingsBase):
         return self
 
     startup_settle_s: float = Field(
-        1.0, ge=0, le=600, description="collect retained states this long before the first plans"
+        1.0,
+        ge=0,
+        le=600,
+        description="collect retained states this long before the first plans, counted from "
+        "the first connect to the broker",
     )
     signing_key: Path | None = Field(
         None,
