@@ -13,11 +13,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from structlog.testing import capture_logs
+
 from linkguard import topics
 from linkguard.broker import free_port
 from linkguard.bus import Bus
-from linkguard.config import BusSettings, ServiceSettings
-from linkguard.models import PortState, PortStatus, encode
+from linkguard.config import BusSettings, HostBudgetSettings, ServiceSettings
+from linkguard.metrics import ServiceMetrics
+from linkguard.models import HostStatus, PortState, PortStatus, encode
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from tests.support import until
@@ -96,6 +99,65 @@ async def test_the_startup_settle_counts_from_the_first_connect(mosquitto) -> No
             assert service.state.ports[key].status == PortStatus.DOWN
             assignments = service.state.plans[HOST].rail_assignments
             assert assignments and all(a.rail != 0 for a in assignments)  # off the down rail
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_a_flooding_host_is_held_to_its_budget_before_decoding(mosquitto) -> None:
+    """A host publishing big junk, too many messages and too many retained topics: what
+    exceeds its budget is dropped unread (counted by reason, logged once), the rest decoded as
+    usual, and another host's message right behind the flood is taken."""
+    budget = HostBudgetSettings(
+        messages_per_s=20,
+        messages_burst=100,
+        bytes_per_s=65536,
+        bytes_burst=262144,
+        retained_topics=32,
+    )
+    service = TopologyService(
+        ServiceSettings(
+            bus=BusSettings(port=mosquitto.port, reconnect_min_s=0.05),
+            startup_settle_s=0,
+            host_budget=budget,
+        ),
+        fabric=FABRIC,
+    )
+    other = FABRIC.hosts[1].host
+    task = asyncio.create_task(service.run())
+    try:
+        async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="flooder") as flood:
+            await flood.wait_connected(10)
+            await service.bus.wait_connected(10)
+            with capture_logs() as logs:
+                big = b"x" * 100_000
+                for _ in range(20):  # 2 MB of junk: 2 fit the 256 KiB burst
+                    await flood.publish(topics.events(HOST), big)
+                for i in range(100):  # retained junk under 100 topics: 32 fit
+                    await flood.publish(
+                        topics.port_state(HOST, f"mlx5_{i + 10}", 1), b"j", retain=True
+                    )
+                for _ in range(300):  # small junk, far over 20/s
+                    await flood.publish(topics.events(HOST), b"{}")
+                # behind the flood, on the same connection (in order): another host's status
+                status = HostStatus(host=other, online=True)
+                await flood.publish(topics.status(other), encode(status), retain=True)
+                await until(lambda: service.state.online.get(other) is True, "the other host")
+        dropped = service.budget_dropped
+        assert dropped["bytes"] >= 17
+        assert dropped["retained_topics"] >= 60
+        assert dropped["messages"] >= 200
+        # decoded (and refused as junk) only what fit the budget: the 2 big ones, 32 retained,
+        # the few small ones the bucket still held or refilled
+        assert sum(service.dropped.values()) <= 20 + 32 + 100 + 2
+        assert sum(service.dropped.values()) + sum(dropped.values()) == 420
+        lines = [e for e in logs if e["event"] == "host_budget_exceeded"]
+        assert [(e["host"], e["reason"]) for e in lines] == [(HOST, "bytes")]  # once a minute
+        body, _ = ServiceMetrics(service).render()
+        text = body.decode()
+        for reason in ("bytes", "messages", "retained_topics"):
+            line = f'linkguard_host_budget_dropped_total{{reason="{reason}"}} {dropped[reason]}.0'
+            assert line in text
     finally:
         service.stop()
         await asyncio.wait_for(task, 15)

@@ -63,6 +63,7 @@ from linkguard.topology.effects import (
 )
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.faultsdesk import FaultsDesk
+from linkguard.topology.hostbudget import HostBudget
 from linkguard.topology.integrity import Integrity, Refused
 from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
@@ -109,6 +110,8 @@ class ServiceCore:
         self.state = FabricState(fabric=fabric, epoch_start=epoch_start)
         #: refused messages by reason
         self.dropped: Counter[str] = Counter()
+        #: what each host may cost (messages, bytes, retained topics), checked before decoding
+        self.budget = HostBudget(settings.host_budget)
         self.integrity = Integrity(verifier)
         #: when to solve, what a publish owes, whom to route around
         self.schedule = SolveSchedule(settings, fabric, self.state)
@@ -190,6 +193,10 @@ class ServiceCore:
             return self.on_service_status(topic, payload, retain)
         host, kind, size = parsed.host, parsed.kind, len(payload)
         unknown_host = host not in self.state.host_names
+        if not unknown_host and kind not in ("plan", "peers"):
+            over = self.budget.check(host, topic, size, now=now)
+            if over is not None:
+                return over
         if kind in ("plan", "peers"):
             rk: RetainedKind = "plan" if kind == "plan" else "peers"
             if not retain and not leading:

@@ -121,6 +121,7 @@ class ServiceIO:
     # the core's state under the names the service always had (other code and tests read them)
     state = _Delegate(lambda c: c.state)
     dropped = _Delegate(lambda c: c.dropped)
+    budget_dropped = _Delegate(lambda c: c.budget.dropped)
     backoff = _Delegate(lambda c: c.schedule.backoff)
     solves = _Delegate(lambda c: c.schedule.solves)
     plans_published = _Delegate(lambda c: c.schedule.plans_published)

@@ -124,6 +124,13 @@ MESSAGES_DROPPED = MetricSpec(
     "stale_probe_epoch; signed plans: foreign, unsigned, unknown_key, bad_signature)",
     ("reason",),
 )
+HOST_BUDGET_DROPPED = MetricSpec(
+    "linkguard_host_budget_dropped_total",
+    "counter",
+    "Bus messages of a host dropped unread because the host exceeded its budget "
+    "(host_budget), by reason (messages, bytes, retained_topics)",
+    ("reason",),
+)
 AUDIT_FINDINGS = MetricSpec(
     "linkguard_audit_findings",
     "gauge",
@@ -172,6 +179,7 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     HOSTS_PENDING_ACK,
     ACKS,
     MESSAGES_DROPPED,
+    HOST_BUDGET_DROPPED,
     AUDIT_FINDINGS,
     PROBE_VERDICTS,
     PROBE_PAIRS_UNANSWERABLE,
@@ -359,6 +367,7 @@ class ServiceMetrics:
             gauge(HOSTS_PENDING_ACK, len(state.pending_acks())),
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
+            counter(HOST_BUDGET_DROPPED, dict(svc.budget_dropped)),
             audit,
             verdicts,
             counter(PROBE_PAIRS_UNANSWERABLE, svc.probe_pairs_unanswerable),

@@ -23,6 +23,7 @@ from linkguard.settings.sections import ProbeRunSettings
 from linkguard.settings.servicesections import (
     ApiSettings,
     GeneratorSettings,
+    HostBudgetSettings,
     LeaderSettings,
     LedgerSettings,
     OfflineSettings,
@@ -106,6 +107,11 @@ class ServiceSettings(SettingsBase):
     offline: OfflineSettings = Field(
         default_factory=OfflineSettings,
         description="routing around hosts whose agent's connection was lost (last will)",
+    )
+    host_budget: HostBudgetSettings = Field(
+        default_factory=HostBudgetSettings,
+        description="what one host may cost the service (messages, bytes, retained topics); "
+        "the excess is dropped before it is decoded",
     )
     probes: ProbeRunSettings = Field(
         default_factory=ProbeRunSettings,
