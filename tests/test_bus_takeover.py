@@ -163,3 +163,49 @@ def test_the_takeover_watch_needs_repeated_short_sessions() -> None:
     w.attempt_failed()  # the broker is away: not a takeover
     assert not w.session_ended(1.0)
     assert not w.session_ended(30) and w.streak == 0
+
+
+async def test_the_deploy_acl_lets_the_service_remove_a_departed_hosts_retained(
+    certs: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """gpu001 left the fabric (the service's fabric is gpu000 alone): what it left retained,
+    published with its own credentials, is deleted by the service under the deploy ACL."""
+    b = FABRIC.hosts[1].host
+    with hardened_broker(certs, tmp_path) as secured:
+        async with client(secured.bus(b), "b") as old:
+            await old.wait_connected(10)
+            offline = HostStatus(host=b, online=False, reason="stopped")
+            assert await old.publish(topics.status(b), encode(offline), retain=True)
+            assert await old.publish(topics.port_state(b, "mlx5_0", 1), b"{}", retain=True)
+        alone = generate_rail_optimized(hosts=1, rails=2)
+        service = TopologyService(
+            ServiceSettings(bus=secured.bus(SERVICE), startup_settle_s=0.2), fabric=alone
+        )
+        task = asyncio.create_task(service.run())
+        try:
+            with capture_logs() as logs:
+                await until(
+                    lambda: any(e["event"] == "stale_host_cleared" for e in logs), "cleared"
+                )
+        finally:
+            service.stop()
+            await asyncio.wait_for(task, 15)
+        assert [(e["host"], e["topics"]) for e in logs if e["event"] == "stale_host_cleared"] == [
+            (b, 2)
+        ]
+        got = Inbox()
+        async with (
+            client(
+                secured.bus(SERVICE),
+                "reader",
+                subscriptions=[topics.all_host_topics()],
+                handler=got,
+            ) as reader,
+            client(secured.bus(A), "a") as a,
+        ):
+            await reader.wait_connected(10)
+            await a.wait_connected(10)
+            assert await a.publish(topics.events(A), b"control")
+            await until(lambda: got.index(topics.events(A), b"control") is not None, "control")
+        assert [m.topic for m in got.messages if f"/{b}/" in m.topic] == []

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from linkguard import topics
 from linkguard.broker import free_port
-from linkguard.bus import Bus
+from linkguard.bus import Bus, BusMessage
 from linkguard.config import BusSettings, HostBudgetSettings, ServiceSettings
 from linkguard.metrics import ServiceMetrics
 from linkguard.models import HostStatus, PortState, PortStatus, encode
@@ -161,3 +161,59 @@ async def test_a_flooding_host_is_held_to_its_budget_before_decoding(mosquitto) 
     finally:
         service.stop()
         await asyncio.wait_for(task, 15)
+
+
+async def test_retained_messages_of_hosts_that_left_the_fabric_are_removed(mosquitto) -> None:
+    """gpu099 left the fabric (its agent stopped: status offline) and gpu098 was never in it
+    but runs (status online): the service deletes everything gpu099 left retained, keeps
+    gpu098's (the audit reports it) and every fabric host's."""
+    gone, stranger = "gpu099", "gpu098"
+    retained = {
+        topics.status(gone): encode(HostStatus(host=gone, online=False, reason="stopped")),
+        topics.inventory(gone): b'{"junk": "an old inventory"}',
+        topics.port_state(gone, "mlx5_0", 1): b'{"old": "state"}',
+        topics.ack(gone): b'{"old": "ack"}',
+        topics.probe_report(gone): b'{"old": "report"}',
+        topics.status(stranger): encode(HostStatus(host=stranger, online=True)),
+        topics.status(HOST): encode(HostStatus(host=HOST, online=True)),
+        topics.port_state(HOST, "mlx5_0", 1): encode(_down_state()),
+    }
+    async with Bus(host="127.0.0.1", port=mosquitto.port, client_id="old-agents") as old:
+        await old.wait_connected(10)
+        for topic, payload in retained.items():
+            assert await old.publish(topic, payload, retain=True)
+    service = TopologyService(
+        ServiceSettings(
+            bus=BusSettings(port=mosquitto.port, reconnect_min_s=0.05), startup_settle_s=0.2
+        ),
+        fabric=FABRIC,
+    )
+    task = asyncio.create_task(service.run())
+    try:
+        with capture_logs() as logs:
+            await until(
+                lambda: any(e["event"] == "stale_host_cleared" for e in logs), "the clearing"
+            )
+        cleared = [(e["host"], e["topics"]) for e in logs if e["event"] == "stale_host_cleared"]
+        assert cleared == [(gone, 5)]
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 15)
+    # a fresh reader: what is retained now (the control, HOST's status, comes with the rest)
+    got: dict[str, bytes] = {}
+
+    async def keep(m: BusMessage) -> None:
+        got[m.topic] = m.payload
+
+    async with Bus(
+        host="127.0.0.1",
+        port=mosquitto.port,
+        client_id="reader",
+        subscriptions=[f"linkguard/v1/hosts/{gone}/#", topics.all_host_topics()],
+        handler=keep,
+    ):
+        await until(lambda: topics.status(stranger) in got, "the retained messages")
+        await until(lambda: topics.port_state(HOST, "mlx5_0", 1) in got, "HOST's state")
+    assert not [t for t in got if f"/{gone}/" in t]
+    assert got[topics.status(stranger)] == retained[topics.status(stranger)]
+    assert topics.status(HOST) in got

@@ -390,6 +390,7 @@ class ServiceIO:
                         for t, d in sealed[i : i + PUBLISH_WINDOW]
                     )
                 )
+        await self._clear_stale_hosts()
         for event, stale, topic in (
             ("stale_plan_cleared", core.stale_plans, topics.plan),
             ("stale_peers_cleared", core.stale_peers, topics.peer_routes),
@@ -410,6 +411,26 @@ class ServiceIO:
                             fabric=self.fabric.name,
                             why="host not in the fabric",
                         )
+
+    async def _clear_stale_hosts(self) -> None:
+        """Delete the retained messages (status, inventory, port states, ack, probe reports) of
+        hosts the fabric does not list, whose agent is not online (an online one is a
+        misconfigured agent the audit reports: its messages stay); logged per host as
+        ``stale_host_cleared`` (host, topics). A failed publish leaves that topic for the next
+        connection."""
+        for host, noted in self.core.take_stale_hosts().items():
+            done: list[bool] = []
+            for i in range(0, len(noted), PUBLISH_WINDOW):
+                done += await asyncio.gather(
+                    *(self.bus.publish(t, b"", retain=True) for t in noted[i : i + PUBLISH_WINDOW])
+                )
+            log.info(
+                "stale_host_cleared",
+                host=host,
+                topics=sum(done),
+                fabric=self.fabric.name,
+                why="host not in the fabric",
+            )
 
     async def _auditor(self, debounce_s: float = 1.0) -> None:
         """Keep the fleet audit of the agents online retained on ``service/audit``: published
