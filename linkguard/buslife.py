@@ -24,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Self
 
 import structlog
+
+from linkguard.takeover import TakeoverWatch
 
 __all__ = ["BusLife", "BusMessage", "Handler", "Will"]
 
@@ -68,6 +71,8 @@ class BusLife:
     connects: int
     #: the exceptions that end a session (the next one is tried after the backoff)
     _lost: tuple[type[Exception], ...] = ()
+    #: sessions another client with this client id ended (:mod:`linkguard.takeover`)
+    takeovers: int = 0
 
     @property
     def client_id(self) -> str:
@@ -107,9 +112,12 @@ class BusLife:
         the transport refuses for good (an invalid subscription filter: ValueError)."""
         attempt = 0
         stopping = False  # the consumer closed the generator (aclose)
+        watch = TakeoverWatch()
         while True:
+            since: float | None = None  # when this session connected (monotonic s)
             try:
                 async with self._session() as received:
+                    since = time.monotonic()
                     self.connected.set()
                     self.connects += 1
                     attempt = 0
@@ -142,9 +150,29 @@ class BusLife:
                 attempt += 1
                 delay = self._delay(attempt)
                 self._session_lost(exc, attempt=attempt, delay=delay)
+                if since is None:
+                    watch.attempt_failed()
+                elif watch.session_ended(time.monotonic() - since):
+                    self._taken_over(watch.streak, nth=watch.streak - watch.repeat)
             finally:
                 self.connected.clear()
             await asyncio.sleep(delay)
+
+    def _taken_over(self, streak: int, *, nth: int) -> None:
+        """Count a session another client took over; log it when it starts (then once per
+        ten more, so an attack cannot flood the log); ``nth``: 0 for the first of a streak."""
+        self.takeovers += 1
+        if nth % 10 == 0:
+            log.error(
+                "client_id_taken_over",
+                client_id=self._client_id,
+                broker=self.broker,
+                short_sessions=streak,
+                hint="another client connects with this client id (or the broker drops this "
+                "connection right after accepting it): bind client ids to users on the broker "
+                "(Mosquitto: use_username_as_clientid true, deploy/mosquitto/mosquitto.conf) "
+                "and check who holds these credentials",
+            )
 
     async def run(self) -> None:
         """Hand every message to ``handler`` (none: read and dropped), in order, until

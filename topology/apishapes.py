@@ -222,6 +222,11 @@ class HostDoc(BaseModel):
     host: str
     su: int | None
     online: bool | None = Field(description="None: its agent never said")
+    state_write_failing: bool = Field(
+        False,
+        description="its agent cannot write its state_dir (ENOSPC, EIO, EROFS): it routes "
+        "from memory; what it would restart from is not current",
+    )
     hcas: list[HcaView]
     plan: dict[str, Any] | None = Field(description="its full plan (Plan JSON, expanded)")
     plan_epoch: int | None = Field(description="the epoch it owes an ack for")

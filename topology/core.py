@@ -67,6 +67,7 @@ from linkguard.topology.effects import (
 )
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.faultsdesk import FaultsDesk
+from linkguard.topology.hostbudget import HostBudget
 from linkguard.topology.integrity import Integrity, Refused
 from linkguard.topology.journaldesk import JournalDesk
 from linkguard.topology.posture import PostureDesk
@@ -74,7 +75,12 @@ from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
 from linkguard.topology.state import FabricState
 
-__all__ = ["DECODERS", "ServiceCore"]
+__all__ = ["DECODERS", "STALE_HOST_TOPICS_MAX", "ServiceCore"]
+
+#: retained topics of hosts that left the fabric noted at once for deletion (more: at the next
+#: connect, when the broker sends the rest again); a host has ~20 (status, inventory, ack, a
+#: state per port), so this covers thousands of departed hosts
+STALE_HOST_TOPICS_MAX = 65_536
 
 #: the model of every message kind the service reads, by topic kind (:func:`topics.parse`)
 DECODERS: dict[str, type[BaseModel]] = {
@@ -116,6 +122,8 @@ class ServiceCore:
         self.state = FabricState(fabric=fabric, epoch_start=epoch_start)
         #: refused messages by reason
         self.dropped: Counter[str] = Counter()
+        #: what each host may cost (messages, bytes, retained topics), checked before decoding
+        self.budget = HostBudget(settings.host_budget)
         self.integrity = Integrity(verifier)
         #: whether each host's agent takes this service's plans (its signing posture)
         self.posture = PostureDesk(verifier.key_id if verifier is not None else None)
@@ -141,6 +149,11 @@ class ServiceCore:
         self.inventories: dict[str, HostInventory] = {}
         #: hosts the fabric does not list whose agent says it is online (``unknown_host``)
         self.strangers: set[str] = set()
+        #: retained topics (status, inventory, ports, ack, probes) of hosts the fabric does not
+        #: list: deleted with the stale plans (:class:`ClearStalePlans`) unless the host's
+        #: agent says it is online (a stranger); at most :data:`STALE_HOST_TOPICS_MAX`
+        self.stale_host_topics: dict[str, set[str]] = {}
+        self._stale_host_noted = 0
         #: retained plans of hosts the fabric does not list: host -> epoch (None: unreadable),
         #: until the wiring deletes them (:class:`ClearStalePlans`)
         self.stale_plans: dict[str, int | None] = {}
@@ -198,6 +211,8 @@ class ServiceCore:
         if parsed.kind == "probes" and (
             not self.settings.probes.enabled or parsed.host not in self.state.host_names
         ):
+            if retain and payload and parsed.host not in self.state.host_names:
+                self._note_stale_host_topic(parsed.host, topic)
             return []
         if parsed.kind == "service_status":
             return self.on_service_status(topic, payload, retain)
@@ -205,6 +220,15 @@ class ServiceCore:
             return []  # the leader answers
         host, kind, size = parsed.host, parsed.kind, len(payload)
         unknown_host = host not in self.state.host_names
+        if unknown_host and kind not in ("plan", "peers"):
+            if not payload:
+                return []  # a deleted retained message (this service's own clearing)
+            if retain:
+                self._note_stale_host_topic(host, topic)
+        if not unknown_host and kind not in ("plan", "peers"):
+            over = self.budget.check(host, topic, size, now=now)
+            if over is not None:
+                return over
         if kind in ("plan", "peers"):
             rk: RetainedKind = "plan" if kind == "plan" else "peers"
             if not retain and not leading:
@@ -230,7 +254,8 @@ class ServiceCore:
                 return self.refuse(topic, payload, rk, host, opened, now)
             payload = opened
         elif unknown_host and kind != "status":
-            return []  # nothing to plan for a host the fabric does not list
+            # nothing to plan for a host the fabric does not list; its retained copy goes
+            return [ClearStalePlans()] if retain and self.settled else []
         try:
             obj = decode(
                 DECODERS[kind],
@@ -318,6 +343,7 @@ class ServiceCore:
     def on_host_status(self, obj: HostStatus, now: float) -> list[Effect]:
         """A fabric host's agent went online or offline (its last will)."""
         was_away = obj.host in self.state.away
+        was_failing = obj.host in self.state.state_write_failing
         if not obj.online:
             self.online_since.pop(obj.host, None)
             self.convergence.forget(obj.host)
@@ -331,6 +357,18 @@ class ServiceCore:
             Log("info", "host_status", fields),
         ]
         out += self.posture.on_status(obj)
+        if obj.host in self.state.state_write_failing and not was_failing:
+            out.append(
+                Log(
+                    "warning",
+                    "host_state_write_failing",
+                    {
+                        "host": obj.host,
+                        "hint": "its agent cannot write its state_dir (full or failing disk): "
+                        "it routes from memory, but a restart would start from old files",
+                    },
+                )
+            )
         if was_away and obj.host not in self.state.away:
             out.append(Log("info", "route_around_ended", {"host": obj.host, "online": obj.online}))
             out += self.changed(now, urgent=False)
@@ -517,6 +555,22 @@ class ServiceCore:
                 self.stale_peer_routes[host] = obj
         (self.stale_plans if kind == "plan" else self.stale_peers)[host] = epoch
         return [ClearStalePlans()] if self.settled else []
+
+    def take_stale_hosts(self) -> dict[str, list[str]]:
+        """The retained topics to delete, by host, of hosts the fabric does not list and whose
+        agent is not online (:attr:`stale_host_topics` but :attr:`strangers`); forgotten here
+        once taken."""
+        gone = sorted(h for h in self.stale_host_topics if h not in self.strangers)
+        out = {h: sorted(self.stale_host_topics.pop(h)) for h in gone}
+        self._stale_host_noted -= sum(map(len, out.values()))
+        return out
+
+    def _note_stale_host_topic(self, host: str, topic: str) -> None:
+        """A retained message of ``host`` (not in the fabric) on ``topic``: to delete."""
+        noted = self.stale_host_topics.setdefault(host, set())
+        if topic not in noted and self._stale_host_noted < STALE_HOST_TOPICS_MAX:
+            noted.add(topic)
+            self._stale_host_noted += 1
 
     def emptied_stale_peers(self, wall: float) -> dict[str, PeerRoutes]:
         """The stale peer routes this service's key signed, emptied (no classes, a new epoch,

@@ -124,6 +124,7 @@ class TopologyService(ScheduleIO, ProbesIO):
         self._won = asyncio.Event()  # leader -> solver, auditor, prober
         self._stop = asyncio.Event()
         self._started = time.monotonic()
+        self._first_connect: float | None = None
         self._reissuing: dict[str, asyncio.Task[None]] = {}  # core -> reissue:<topic>
         ServiceIO.__init__(self)
         self.bus: BusSession = bus_factory(

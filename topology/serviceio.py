@@ -115,11 +115,14 @@ class ServiceIO:
     _won: asyncio.Event
     _reissuing: dict[str, asyncio.Task[None]]
     _started: float
+    #: when the bus first connected (monotonic s): the start-up settle counts from it
+    _first_connect: float | None
     ledger: Ledger | None
 
     # the core's state under the names the service always had (other code and tests read them)
     state = _Delegate(lambda c: c.state)
     dropped = _Delegate(lambda c: c.dropped)
+    budget_dropped = _Delegate(lambda c: c.budget.dropped)
     backoff = _Delegate(lambda c: c.schedule.backoff)
     solves = _Delegate(lambda c: c.schedule.solves)
     plans_published = _Delegate(lambda c: c.schedule.plans_published)
@@ -399,6 +402,7 @@ class ServiceIO:
                         for t, d in sealed[i : i + PUBLISH_WINDOW]
                     )
                 )
+        await self._clear_stale_hosts()
         for event, stale, topic in (
             ("stale_plan_cleared", core.stale_plans, topics.plan),
             ("stale_peers_cleared", core.stale_peers, topics.peer_routes),
@@ -419,6 +423,26 @@ class ServiceIO:
                             fabric=self.fabric.name,
                             why="host not in the fabric",
                         )
+
+    async def _clear_stale_hosts(self) -> None:
+        """Delete the retained messages (status, inventory, port states, ack, probe reports) of
+        hosts the fabric does not list, whose agent is not online (an online one is a
+        misconfigured agent the audit reports: its messages stay); logged per host as
+        ``stale_host_cleared`` (host, topics). A failed publish leaves that topic for the next
+        connection."""
+        for host, noted in self.core.take_stale_hosts().items():
+            done: list[bool] = []
+            for i in range(0, len(noted), PUBLISH_WINDOW):
+                done += await asyncio.gather(
+                    *(self.bus.publish(t, b"", retain=True) for t in noted[i : i + PUBLISH_WINDOW])
+                )
+            log.info(
+                "stale_host_cleared",
+                host=host,
+                topics=sum(done),
+                fabric=self.fabric.name,
+                why="host not in the fabric",
+            )
 
     async def _auditor(self, debounce_s: float = 1.0) -> None:
         """Keep the fleet audit of the agents online retained on ``service/audit``: published
@@ -450,9 +474,13 @@ class ServiceIO:
             await asyncio.sleep(debounce_s)
 
     async def _settle(self) -> None:
-        """Wait out what is left of ``startup_settle_s`` (retained states, plans, statuses and
-        inventories arrive meanwhile)."""
-        settle = self.settings.startup_settle_s - (time.monotonic() - self._started)
+        """Wait out what is left of ``startup_settle_s`` counted from the first connect to the
+        broker (retained states, plans, statuses and inventories arrive meanwhile): a broker
+        that was away at start must not shorten it (issue 21: the first solve went out before
+        the retained states had arrived). The callers await ``bus.connected`` first."""
+        if self._first_connect is None:
+            self._first_connect = time.monotonic()
+        settle = self.settings.startup_settle_s - (time.monotonic() - self._first_connect)
         if settle > 0:
             await asyncio.sleep(settle)
 

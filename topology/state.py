@@ -142,6 +142,9 @@ class FabricState:
     #: hosts routed around (:meth:`route_around`): all their rails count as unusable, and
     #: their own plans are not re-published until they are back
     away: set[str] = field(default_factory=set)
+    #: online hosts whose agent says it cannot write its state files
+    #: (``HostStatus.state_write_failing``): shown as such, never as current
+    state_write_failing: set[str] = field(default_factory=set)
     #: what is on the bus: plans (compact or full) and peer routes, retained or published
     published: dict[str, Plan] = field(default_factory=dict)
     peers: dict[str, PeerRoutes] = field(default_factory=dict)
@@ -214,6 +217,10 @@ class FabricState:
         the host's grace period (:meth:`route_around`); the agent back online ends it and
         returns a routed-around host's rails to its port states (``dirty`` set)."""
         self.online[hs.host] = hs.online
+        if hs.online and hs.state_write_failing:
+            self.state_write_failing.add(hs.host)
+        else:
+            self.state_write_failing.discard(hs.host)
         if hs.online or hs.reason != "lost":
             self.lost.pop(hs.host, None)
             if hs.host in self.away:

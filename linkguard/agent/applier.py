@@ -40,6 +40,7 @@ from typing import Protocol
 import structlog
 
 from linkguard.agent.plans import Effective, PlanRefused, check_plan, effective, rail_map
+from linkguard.agent.statewrites import StateWrites
 from linkguard.atomicfile import atomic_write
 from linkguard.drivers.neighbours import Neighbour
 from linkguard.drivers.routes import Destination, KernelRoute, ReconcileResult
@@ -276,6 +277,8 @@ class Applier:
         self.rail_map_path = rail_map_path
         self.plan_path = state_dir / "last-plan.json"
         self.peers_dir = state_dir / "peers"
+        #: the state dir's writes and their failures (a full disk is counted, never raised)
+        self.writes = StateWrites()
         self._rail_map_said: tuple | None = None  # what the rail map file says, epoch aside
         #: the plan :meth:`start` restored as received (compact, with the peer routes it
         #: expanded it with; or full, with none); None: nothing restored
@@ -381,7 +384,7 @@ class Applier:
         t0 = time.monotonic() if t0 is None else t0
         self.plan = plan
         if persist:
-            atomic_write(self.plan_path, plan.model_dump_json(), mode=0o600)
+            self.writes.write("plan", self.plan_path, plan.model_dump_json())
         return await self._ack(plan, t0, fast_path=False)
 
     async def port_down(self, key: str) -> Ack | None:

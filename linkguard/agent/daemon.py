@@ -112,13 +112,16 @@ class Agent(MessageDispatch):
         self.source = source if source is not None else make_source(settings, self.inventory)
         self.table = table if table is not None else make_table(settings)
         self.monitor = make_monitor(settings, self.rails)
+        netdevs = {h.netdev for h in self.inventory.hcas if h.netdev}
+        self.applier = make_applier(settings, self.table, netdevs, self.verifier)
         self.files = StateFiles(
-            s.state_dir, monitor=self.monitor, counter_health_enabled=s.counter_health.enabled
+            s.state_dir,
+            monitor=self.monitor,
+            counter_health_enabled=s.counter_health.enabled,
+            writes=self.applier.writes,
         )
         self.files.restore_history(now=time.monotonic(), wall=time.time())
         self.files.restore_health(now=time.monotonic(), wall=time.time())
-        netdevs = {h.netdev for h in self.inventory.hcas if h.netdev}
-        self.applier = make_applier(settings, self.table, netdevs, self.verifier)
         #: the decisions: fast path, plan acceptance, peer routes, leader term
         self.core = make_core(settings, netdevs, self.verifier, str(self.files.term_path))
         self.core.use_journal(self.files.load_journal(limit=s.journal_max_events, host=self.host))

@@ -51,7 +51,6 @@ from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import PortMonitor
 from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.agent.statefiles import StateFiles
-from linkguard.atomicfile import atomic_write
 from linkguard.bus import BusMessage, BusSession
 from linkguard.metrics import AgentMetrics
 from linkguard.models import (
@@ -103,6 +102,8 @@ class EffectExecutor:
     _wake: asyncio.Event
     _deadline: float | None
     _announced: bool
+    #: whether the retained status last said a state file fails to be written
+    _state_write_failing_said: bool = False
     duplicate: HostStatus | None
     me: Me
     inbox: Inbox
@@ -152,7 +153,8 @@ class EffectExecutor:
             async with self._lock:
                 ack = await self.applier.put(e.plan, persist=e.persist_json)
                 if e.raw is not None:
-                    atomic_write(self.applier.plan_path, e.raw, mode=0o600)
+                    self.applier.writes.write("plan", self.applier.plan_path, e.raw)
+            await self._report_state_writes()
             await self.execute(self.core.plan_applied(ack))
         elif isinstance(e, SendAck):
             await self._send_ack(e.ack)
@@ -180,17 +182,24 @@ class EffectExecutor:
             await self._flush_neighbours()
         elif isinstance(e, PersistHistory):
             self.files.save_history(now=time.monotonic(), wall=time.time())
+            await self._report_state_writes()
         elif isinstance(e, PersistHealth):
             self.files.save_health(now=time.monotonic(), wall=time.time())
+            await self._report_state_writes()
         elif isinstance(e, PersistJournal):
             if self.core.journal is not None:
                 self.files.save_journal(self.core.journal)
+                await self._report_state_writes()
         elif isinstance(e, PersistTerm):
             self.files.save_term(e.term)
+            await self._report_state_writes()
         elif isinstance(e, PersistPlan):
-            atomic_write(self.applier.plan_path, e.raw, mode=0o600)
+            self.applier.writes.write("plan", self.applier.plan_path, e.raw)
+            await self._report_state_writes()
         elif isinstance(e, PersistPeerRoutes):
-            atomic_write(self.applier.peers_dir / f"{e.peer}.json", e.raw, mode=0o600)
+            path = self.applier.peers_dir / f"{e.peer}.json"
+            self.applier.writes.write("peer_routes", path, e.raw)
+            await self._report_state_writes()
         elif isinstance(e, RenderNccl):
             self._render_nccl()
         elif isinstance(e, RailChange):
@@ -207,6 +216,18 @@ class EffectExecutor:
         elif isinstance(e, ScheduleTimer):
             self._deadline = e.deadline
             self._wake.set()
+
+    async def _report_state_writes(self) -> None:
+        """Republish the retained status when whether a state file fails to be written changed
+        (:mod:`linkguard.agent.statewrites`): the service flags the host while it does."""
+        failing = bool(self.applier.writes.failing)
+        if failing == self._state_write_failing_said:
+            return
+        self._state_write_failing_said = failing
+        if self.duplicate is None:  # (disconnected: the status on connect says it)
+            await self.bus.publish(
+                topics.status(self.host), encode(self._status(online=True)), retain=True
+            )
 
     async def _send_ack(self, ack: Ack) -> None:
         self.last_ack = ack
@@ -295,6 +316,7 @@ class EffectExecutor:
             instance=self.me.instance,
             started_at=self.me.started_at,
             signing=self.inbox.posture(),
+            state_write_failing=True if online and self.applier.writes.failing else None,
         )
 
     async def _announce(self, delay_s: float = 0.0) -> None:

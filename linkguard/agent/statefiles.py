@@ -21,7 +21,7 @@ import structlog
 
 from linkguard.agent.journal import EventJournal
 from linkguard.agent.monitor import PortMonitor
-from linkguard.atomicfile import atomic_write
+from linkguard.agent.statewrites import StateWrites
 
 __all__ = ["HEALTH_STATE_VERSION", "StateFiles"]
 
@@ -35,9 +35,17 @@ class StateFiles:
     """``state_dir``'s flap history, counter health and term files of one agent."""
 
     def __init__(
-        self, state_dir: Path, *, monitor: PortMonitor, counter_health_enabled: bool
+        self,
+        state_dir: Path,
+        *,
+        monitor: PortMonitor,
+        counter_health_enabled: bool,
+        writes: StateWrites | None = None,
     ) -> None:
+        """``writes``: where write failures are counted (the applier's, so one place says
+        whether the state dir is failing); None: a private one."""
         self.monitor = monitor
+        self.writes = writes if writes is not None else StateWrites()
         self.counter_health_enabled = counter_health_enabled
         self.history_path = state_dir / "damping.json"
         self.health_path = state_dir / "counter_health.json"
@@ -164,24 +172,12 @@ class StateFiles:
         if verdicts == self._health_saved:
             return
         doc = {"version": HEALTH_STATE_VERSION, "ports": ports, "rates": rates}
-        try:
-            atomic_write(self.health_path, json.dumps(doc), mode=0o600)
-        except OSError as exc:
-            log.warning(
-                "counter_health_state_not_saved", path=str(self.health_path), error=str(exc)
-            )
-            return
-        self._health_saved = verdicts
+        if self.writes.write("counter_health", self.health_path, json.dumps(doc)):
+            self._health_saved = verdicts
 
     def save_history(self, *, now: float, wall: float) -> None:
-        try:
-            atomic_write(
-                self.history_path,
-                json.dumps(self.monitor.history(now=now, wall=wall)),
-                mode=0o600,
-            )
-        except OSError as exc:
-            log.warning("damping_history_not_saved", path=str(self.history_path), error=str(exc))
+        doc = json.dumps(self.monitor.history(now=now, wall=wall))
+        self.writes.write("damping", self.history_path, doc)
 
     def read_term(self) -> int:
         """The term file's value; 0 when there is none or it is unreadable (logged)."""
@@ -194,11 +190,8 @@ class StateFiles:
             return 0
 
     def save_term(self, term: int) -> None:
-        """Write ``term`` (a failure is logged)."""
-        try:
-            atomic_write(self.term_path, f"{term}\n", mode=0o600)
-        except OSError as exc:
-            log.warning("term_not_saved", path=str(self.term_path), error=str(exc)[:200])
+        """Write ``term`` (a failure is logged and counted: :class:`StateWrites`)."""
+        self.writes.write("term", self.term_path, f"{term}\n")
 
     def load_journal(self, *, limit: int, host: str) -> EventJournal:
         """The event journal of the previous run (numbering goes on, unconfirmed events are
@@ -229,8 +222,6 @@ class StateFiles:
         return journal
 
     def save_journal(self, journal: EventJournal) -> None:
-        """Write the event journal (a failure is logged; the journal lives on in memory)."""
-        try:
-            atomic_write(self.journal_path, json.dumps(journal.to_doc()), mode=0o600)
-        except OSError as exc:
-            log.warning("event_journal_not_saved", path=str(self.journal_path), error=str(exc))
+        """Write the event journal (a failure is logged and counted: :class:`StateWrites`; the
+        journal lives on in memory)."""
+        self.writes.write("events", self.journal_path, json.dumps(journal.to_doc()))

@@ -162,6 +162,14 @@ EVENT_JOURNAL_DROPPED = MetricSpec(
     "Unconfirmed port events the journal dropped past journal_max_events since the agent "
     "started (the service records them as a journal_gap)",
 )
+STATE_WRITE_FAILURES = MetricSpec(
+    "linkguard_state_write_failures_total",
+    "counter",
+    "Writes of a state_dir file the disk refused (ENOSPC, EIO, EROFS, ...), by file "
+    "(plan, peer_routes, damping, counter_health, term, events); the agent routes on from "
+    "memory",
+    ("file",),
+)
 BUILD_INFO = MetricSpec(
     "linkguard_build_info",
     "gauge",
@@ -190,6 +198,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     PORT_STATES_PUBLISHED,
     EVENT_JOURNAL_HELD,
     EVENT_JOURNAL_DROPPED,
+    STATE_WRITE_FAILURES,
     *BUS_METRICS,
     BUILD_INFO,
 )
@@ -308,6 +317,7 @@ class AgentMetrics:
             counter(PORT_STATES_PUBLISHED, stats.states_published),
             gauge(EVENT_JOURNAL_HELD, stats.journal_held),
             counter(EVENT_JOURNAL_DROPPED, stats.journal_dropped),
+            counter(STATE_WRITE_FAILURES, dict(a.applier.writes.failures)),
             *bus_families(a.bus),
             info,
         ]

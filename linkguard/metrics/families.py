@@ -209,14 +209,27 @@ BUS_SUBSCRIPTIONS_REFUSED = MetricSpec(
     "Subscriptions the broker refused (SUBACK 0x80: its ACL, or NATS JetStream without "
     "a stream leader), retried until granted",
 )
+BUS_TAKEOVERS = MetricSpec(
+    "linkguard_bus_client_id_taken_over_total",
+    "counter",
+    "Sessions the broker ended shortly after accepting them, repeatedly, while every "
+    "reconnect succeeded: another client connecting with this client id (a takeover)",
+)
 #: the bus's families, in the order a scrape lists them
-BUS_METRICS = (BUS_CONNECTED, BUS_CONNECTS, BUS_BROKER, BUS_FAILOVERS, BUS_SUBSCRIPTIONS_REFUSED)
+BUS_METRICS = (
+    BUS_CONNECTED,
+    BUS_CONNECTS,
+    BUS_BROKER,
+    BUS_FAILOVERS,
+    BUS_SUBSCRIPTIONS_REFUSED,
+    BUS_TAKEOVERS,
+)
 
 
 def bus_families(bus: Any) -> list[Metric]:
     """:data:`BUS_METRICS` read from ``bus`` (its ``connected`` event, ``broker``,
-    ``connects``, ``failovers``, ``subscriptions_refused``; any of them missing reads as
-    disconnected or 0)."""
+    ``connects``, ``failovers``, ``subscriptions_refused``, ``takeovers``; any of them
+    missing reads as disconnected or 0)."""
     connected = getattr(bus, "connected", None)
     up = connected is not None and connected.is_set()
     broker = gauge(BUS_BROKER)
@@ -228,4 +241,5 @@ def bus_families(bus: Any) -> list[Metric]:
         broker,
         counter(BUS_FAILOVERS, int(getattr(bus, "failovers", 0))),
         counter(BUS_SUBSCRIPTIONS_REFUSED, int(getattr(bus, "subscriptions_refused", 0))),
+        counter(BUS_TAKEOVERS, int(getattr(bus, "takeovers", 0))),
     ]

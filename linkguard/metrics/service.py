@@ -150,6 +150,13 @@ JOURNAL_GAP_EVENTS = MetricSpec(
     "Port events missing for good from the agents' journals since the service started: "
     "dropped past journal_max_events before the service confirmed them (journal_gap)",
 )
+HOST_BUDGET_DROPPED = MetricSpec(
+    "linkguard_host_budget_dropped_total",
+    "counter",
+    "Bus messages of a host dropped unread because the host exceeded its budget "
+    "(host_budget), by reason (messages, bytes, retained_topics)",
+    ("reason",),
+)
 AUDIT_FINDINGS = MetricSpec(
     "linkguard_audit_findings",
     "gauge",
@@ -202,6 +209,7 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     ACKS,
     MESSAGES_DROPPED,
     JOURNAL_GAP_EVENTS,
+    HOST_BUDGET_DROPPED,
     AUDIT_FINDINGS,
     PROBE_VERDICTS,
     PROBE_PAIRS_UNANSWERABLE,
@@ -396,6 +404,7 @@ class ServiceMetrics:
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
             counter(JOURNAL_GAP_EVENTS, self.journal_gap_events),
+            counter(HOST_BUDGET_DROPPED, dict(svc.budget_dropped)),
             audit,
             verdicts,
             counter(PROBE_PAIRS_UNANSWERABLE, svc.probe_pairs_unanswerable),

@@ -437,6 +437,10 @@ class HostStatus(_Model):
 
     ``signing``: whether the agent requires signed plans and with which keys
     (:class:`SigningPosture`); None: an older agent that does not say.
+    ``state_write_failing``: True while the agent cannot write a file of its ``state_dir``
+    (ENOSPC, EIO, EROFS: :mod:`linkguard.agent.statewrites`); it routes from memory, but what
+    it would restart from is not current, so the service flags the host. None: an older agent
+    or none failing.
     """
 
     host: HostName
@@ -447,6 +451,7 @@ class HostStatus(_Model):
     instance: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$")
     started_at: float | None = Field(None, ge=0)
     signing: SigningPosture | None = None
+    state_write_failing: bool | None = None
 
 
 class ServiceStatus(_Model):

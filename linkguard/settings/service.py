@@ -24,6 +24,7 @@ from linkguard.settings.servicesections import (
     ApiSettings,
     ConvergenceSettings,
     GeneratorSettings,
+    HostBudgetSettings,
     LeaderSettings,
     LedgerSettings,
     OfflineSettings,
@@ -78,7 +79,11 @@ class ServiceSettings(SettingsBase):
         return self
 
     startup_settle_s: float = Field(
-        1.0, ge=0, le=600, description="collect retained states this long before the first plans"
+        1.0,
+        ge=0,
+        le=600,
+        description="collect retained states this long before the first plans, counted from "
+        "the first connect to the broker",
     )
     signing_key: Path | None = Field(
         None,
@@ -107,6 +112,11 @@ class ServiceSettings(SettingsBase):
     convergence: ConvergenceSettings = Field(
         default_factory=ConvergenceSettings,
         description="re-sending plans to online hosts that do not ack their current epoch",
+    )
+    host_budget: HostBudgetSettings = Field(
+        default_factory=HostBudgetSettings,
+        description="what one host may cost the service (messages, bytes, retained topics); "
+        "the excess is dropped before it is decoded",
     )
     probes: ProbeRunSettings = Field(
         default_factory=ProbeRunSettings,

@@ -25,6 +25,7 @@ __all__ = [
     "ConvergenceSettings",
     "EtcdLeaderSettings",
     "GeneratorSettings",
+    "HostBudgetSettings",
     "KubernetesLeaderSettings",
     "LeaderSettings",
     "LedgerSettings",
@@ -143,6 +144,36 @@ class SolveSettings(Section):
             time_to_learn_ms=self.time_to_learn_ms,
             holddown_ms=self.holddown_ms,
         )
+
+
+class HostBudgetSettings(Section):
+    """What one host may cost the service (:mod:`linkguard.topology.hostbudget`): messages and
+    bytes per second (token buckets, with a burst), and retained topics under its name. What
+    exceeds it is dropped before it is decoded, counted
+    (``linkguard_host_budget_dropped_total{reason}``) and logged once per host and minute
+    (``host_budget_exceeded``). Issue 21: one host publishing 100 KB junk drove the service to
+    107 % CPU; a host's own traffic is a few dozen retained topics (status, inventory, ack, a
+    state per port) and, in a flap storm, a few messages per port and second."""
+
+    messages_per_s: float = Field(
+        200.0, gt=0, le=1e6, description="messages per second one host may send (sustained)"
+    )
+    messages_burst: int = Field(
+        2000, ge=1, le=10_000_000, description="messages one host may send at once"
+    )
+    bytes_per_s: float = Field(
+        1_048_576.0, gt=0, le=1e10, description="bytes per second one host may send (sustained)"
+    )
+    bytes_burst: int = Field(
+        4_194_304, ge=1024, le=10**10, description="bytes one host may send at once"
+    )
+    retained_topics: int = Field(
+        256,
+        ge=8,
+        le=1_000_000,
+        description="distinct topics a host may publish on (its retained ones, events, "
+        "probes); a message on a new one past this is dropped",
+    )
 
 
 class OfflineSettings(Section):
