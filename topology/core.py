@@ -48,7 +48,7 @@ from linkguard.models import (
     decode,
 )
 from linkguard.presence import Me, Verdict, judge
-from linkguard.signing import SignatureError, Verifier, unwrap
+from linkguard.signing import Verifier
 from linkguard.topology.audit import inventory_problems
 from linkguard.topology.convergence import Convergence
 from linkguard.topology.effects import (
@@ -73,6 +73,7 @@ from linkguard.topology.journaldesk import JournalDesk
 from linkguard.topology.posture import PostureDesk
 from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
+from linkguard.topology.staleretained import STALE_HOST_TOPICS_MAX, StaleRetained
 from linkguard.topology.state import FabricState
 
 __all__ = ["DECODERS", "STALE_HOST_TOPICS_MAX", "ServiceCore"]
@@ -80,7 +81,6 @@ __all__ = ["DECODERS", "STALE_HOST_TOPICS_MAX", "ServiceCore"]
 #: retained topics of hosts that left the fabric noted at once for deletion (more: at the next
 #: connect, when the broker sends the rest again); a host has ~20 (status, inventory, ack, a
 #: state per port), so this covers thousands of departed hosts
-STALE_HOST_TOPICS_MAX = 65_536
 
 #: the model of every message kind the service reads, by topic kind (:func:`topics.parse`)
 DECODERS: dict[str, type[BaseModel]] = {
@@ -98,7 +98,7 @@ DECODERS: dict[str, type[BaseModel]] = {
 }
 
 
-class ServiceCore:
+class ServiceCore(StaleRetained):
     """See the module. ``verifier``: the service's own key's (None: plans go out unsigned);
     ``me``: this instance (for duplicate detection); ``elected``: a leader election is
     configured (the lease, not ``service/status``, decides who steers); ``epoch_start``: the
@@ -527,69 +527,6 @@ class ServiceCore:
             self.dropped[refused] += 1
             return [Log("debug", "message_dropped", {"topic": topic, "reason": refused})]
         return out
-
-    def on_stale_plan(
-        self, topic: str, payload: bytes, host: str, kind: RetainedKind
-    ) -> list[Effect]:
-        """A retained plan or peer routes of ``host``, which the fabric does not list: an agent
-        started with that name would apply the plan (one of another fabric), every agent would
-        route to the peer. Noted; deleted right away when the startup settle is over, else by
-        the solver task when it is."""
-        epoch = None
-        verifier = self.integrity.verifier
-        try:
-            opened = unwrap(payload, verifier, require=False)
-            model: type[Plan] | type[PeerRoutes] = Plan if kind == "plan" else PeerRoutes
-            obj = decode(
-                model,
-                opened.body,
-                topic=topic,
-                expect_host=host,
-                max_bytes=self.settings.bus.max_message_bytes,
-            )
-        except (BadMessage, SignatureError):
-            pass
-        else:
-            epoch = obj.epoch
-            if isinstance(obj, PeerRoutes) and opened.verified:
-                self.stale_peer_routes[host] = obj
-        (self.stale_plans if kind == "plan" else self.stale_peers)[host] = epoch
-        return [ClearStalePlans()] if self.settled else []
-
-    def take_stale_hosts(self) -> dict[str, list[str]]:
-        """The retained topics to delete, by host, of hosts the fabric does not list and whose
-        agent is not online (:attr:`stale_host_topics` but :attr:`strangers`); forgotten here
-        once taken."""
-        gone = sorted(h for h in self.stale_host_topics if h not in self.strangers)
-        out = {h: sorted(self.stale_host_topics.pop(h)) for h in gone}
-        self._stale_host_noted -= sum(map(len, out.values()))
-        return out
-
-    def _note_stale_host_topic(self, host: str, topic: str) -> None:
-        """A retained message of ``host`` (not in the fabric) on ``topic``: to delete."""
-        noted = self.stale_host_topics.setdefault(host, set())
-        if topic not in noted and self._stale_host_noted < STALE_HOST_TOPICS_MAX:
-            noted.add(topic)
-            self._stale_host_noted += 1
-
-    def emptied_stale_peers(self, wall: float) -> dict[str, PeerRoutes]:
-        """The stale peer routes this service's key signed, emptied (no classes, a new epoch,
-        issued at ``wall``, Unix s) to be published signed before they are deleted: agents
-        that verify ignore an unsigned deletion, and would keep their routes."""
-        emptied = {
-            h: pr.model_copy(
-                update={
-                    "classes": [],
-                    "modulus": 1,
-                    "epoch": max(self.state.epoch, pr.epoch) + 1,
-                    "issued_at": wall,
-                }
-            )
-            for h, pr in self.stale_peer_routes.items()
-            if h in self.stale_peers
-        }
-        self.stale_peer_routes.clear()
-        return emptied
 
     # -- solves --------------------------------------------------------------------------
 
