@@ -5,7 +5,7 @@ Consumes: :class:`~linkguard.changerecord.ChangeRecord` s (the service's
 :class:`~linkguard.topology.changes.Change`) in the order the service saw them, with where each
 port sits (:func:`~linkguard.incidents.port_places`). Produces: rows for the ledger's tables
 (:data:`~linkguard.ledgerfile.INSERTS`' columns: ``events`` for every change, ``port_events``,
-``suppressions``, ``plans``, ``acks``, ``audit_findings``) and the
+``journal_gaps``, ``suppressions``, ``plans``, ``acks``, ``audit_findings``) and the
 :class:`~linkguard.incidents.Incident` s each change touched (:class:`ChangeRows`, pure), and
 the SQL that writes an incident (:func:`write_incident`, on the writer's connection).
 
@@ -47,10 +47,29 @@ class ChangeRows:
         self.builder = builder
         #: each port's damping suppression as last recorded (a row when it flips)
         self.suppressed: dict[PortKey, bool] = {}
+        #: (host, journal, seq) of the journaled port events recorded in this run
+        self.journaled: set[tuple[str, str, int]] = set()
+
+    @staticmethod
+    def journal_key(c: ChangeRecord) -> tuple[str, str, int] | None:
+        """(host, journal, seq) of a journaled ``port_event`` change; None for any other."""
+        d = c.data
+        if c.kind != "port_event":
+            return None
+        host, journal, seq = d.get("host"), d.get("journal"), d.get("seq")
+        if isinstance(host, str) and isinstance(journal, str) and isinstance(seq, int):
+            return host, journal, seq
+        return None
 
     def record(self, c: ChangeRecord, rows: Rows) -> list[Incident]:
         """Rows for one change into ``rows`` (table -> rows, :data:`~linkguard.ledgerfile.INSERTS`'
-        columns); the incidents it touched."""
+        columns); the incidents it touched. A journaled port event recorded before in this
+        run (a replay the service could not tell) adds nothing."""
+        jkey = self.journal_key(c)
+        if jkey is not None:
+            if jkey in self.journaled:
+                return []
+            self.journaled.add(jkey)
         d, run, at = c.data, self.run_id, c.at
         host = d.get("host") if isinstance(d.get("host"), str) else None
         hca = d.get("hca") if isinstance(d.get("hca"), str) else None
@@ -95,16 +114,39 @@ class ChangeRows:
         elif c.kind == "port_event" and key is not None:
             previous, current = str(d.get("previous")), str(d.get("current"))
             event_at = float(d.get("at", at) or at)
+            journal = d.get("journal") if isinstance(d.get("journal"), str) else None
+            seq = d.get("seq") if isinstance(d.get("seq"), int) and journal else None
+            reason = d.get("reason")
             rows["port_events"].append(
-                (run, event_at, host, hca, port, rail, leaf, su, previous, current, d.get("reason"))
+                (
+                    run,
+                    event_at,
+                    host,
+                    hca,
+                    port,
+                    rail,
+                    leaf,
+                    su,
+                    previous,
+                    current,
+                    reason,
+                    journal,
+                    seq,
+                )
             )
             touched = self.builder.on_status(
                 key,
                 current,
-                at,
+                # a journaled event: the agent's time (it may come long after, replayed)
+                event_at if seq is not None else at,
                 previous=previous,
                 reason=d.get("reason"),
                 rail=rail,
+                journaled=seq is not None,
+            )
+        elif c.kind == "journal_gap" and host:
+            rows["journal_gaps"].append(
+                (run, at, host, d.get("journal"), d.get("seq_from"), d.get("seq_to"))
             )
         elif c.kind == "plans":
             hosts = [h for h in d.get("hosts", []) if isinstance(h, str)]
@@ -183,10 +225,10 @@ def write_incident(
         )
         inc.row_id = int(cur.lastrowid or 0)
     else:
-        conn.execute(
+        conn.execute(  # ``at`` too: a journaled event that came late may start it earlier
             "UPDATE outages SET kind=?, down_s=?, ports=?, isolated=?, open=?, reroute=?,"
-            " reroute_ms=?, cause=? WHERE id=?",
-            (*values, inc.row_id),
+            " reroute_ms=?, cause=?, at=?, at_s=? WHERE id=?",
+            (*values, inc.at, round(inc.at - run_start, 6), inc.row_id),
         )
     if inc.new_ports:
         conn.executemany(

@@ -193,12 +193,21 @@ class IncidentBuilder:
         for key in places:
             self.host_ports.setdefault(key[0], []).append(key)
         self.status: dict[PortKey, str] = {}
+        #: hosts whose agents journal their events (a journaled event was seen): their
+        #: events, not their states, open and close incidents
+        self.journaled_hosts: set[str] = set()
         self.port_incident: dict[PortKey, Incident] = {}
         #: incidents still open or waiting for their reroute, oldest first
         self.active: list[Incident] = []
         #: host -> (epoch, time) of its latest applied plan ack (the service may take an ack
         #: before it has finished publishing, i.e. before its ``plans`` change)
         self.last_ack: dict[str, tuple[int, float]] = {}
+
+    def _joins(self, inc: Incident, at: float, journaled: bool) -> bool:
+        """A port down at ``at`` joins ``inc``: it is open and its first down was at most
+        ``window_s`` earlier (either way for a journaled event, which may come late)."""
+        d = at - inc.at
+        return inc.open and (abs(d) if journaled else d) <= self.window_s and (journaled or d >= 0)
 
     def _usable(self, key: PortKey) -> bool:
         return self.status.get(key, "up") == "up"
@@ -212,22 +221,45 @@ class IncidentBuilder:
         previous: str | None = None,
         reason: str | None = None,
         rail: int | None = None,
+        journaled: bool = False,
     ) -> list[Incident]:
         """A port's status as a ``port`` state (``previous`` None) or a ``port_event``
-        (``previous`` its previous status) reported it at ``at``."""
+        (``previous`` its previous status) reported it at ``at``. ``journaled``: a numbered
+        event of the agent's journal (``at`` its own time; its ``previous`` is taken as it
+        is: the journal's events of a port come complete and in order). Once a host sent
+        one, its states only seed a port's first status: its events open and close the
+        incidents (a replayed event may come after the state). An incident a state opened
+        before the host's first journaled event is moved back to that event's time."""
+        if journaled:
+            self.journaled_hosts.add(key[0])
+        elif previous is None and key[0] in self.journaled_hosts:
+            self.status.setdefault(key, status)  # its events say when; a state may be early
+            return []
         before = self.status.get(key)
-        if before is None and previous is not None:
+        if (before is None or journaled) and previous is not None:
             before = previous
         self.status[key] = status
         touched: list[Incident] = []
-        if status == "down" and before not in (None, "down", "unknown"):
-            inc = next(
-                (i for i in reversed(self.active) if i.open and 0 <= at - i.at <= self.window_s),
-                None,
-            )
+        opened = self.port_incident.get(key)
+        if (
+            journaled
+            and status == "down"
+            and before not in (None, "down", "unknown")
+            and opened is not None
+            and key in opened.down
+        ):
+            # opened by the port's state before its journal's event came (a reconnect): the
+            # event's time is when it went down
+            opened.down[key] = min(opened.down[key], at)
+            opened.at = min(opened.at, at)
+            touched.append(opened)
+        elif status == "down" and before not in (None, "down", "unknown"):
+            # journaled events may come late and out of time order across hosts
+            inc = next((i for i in reversed(self.active) if self._joins(i, at, journaled)), None)
             if inc is None:
                 inc = Incident(at=at, cause=reason)
                 self.active.append(inc)
+            inc.at = min(inc.at, at)
             if key not in inc.ports:
                 inc.new_ports.append(key)
             inc.ports[key] = self.places.get(key, PortPlace(rail, None, None))

@@ -367,6 +367,8 @@ class Ledger:
             conn.execute("BEGIN")
             try:
                 for c in changes:
+                    if self._recorded_before(conn, c):
+                        continue  # a replayed event an earlier run recorded
                     for inc in recorder.record(c, rows):
                         touched[id(inc)] = inc
                 saved = {k: (inc.row_id, list(inc.new_ports)) for k, inc in touched.items()}
@@ -397,6 +399,17 @@ class Ledger:
             self._check_file(now)
         if self.retention_days is not None and now - self._last_purge >= PURGE_EVERY_S:
             self.purge(now=now)
+
+    def _recorded_before(self, conn: sqlite3.Connection, c: ChangeRecord) -> bool:
+        """``c`` is a journaled port event already in ``port_events`` (recorded by an earlier
+        run: a service restarted between recording it and its agent hearing so)."""
+        key = ChangeRows.journal_key(c)
+        if key is None or (self._rows is not None and key in self._rows.journaled):
+            return False
+        found = conn.execute(
+            "SELECT 1 FROM port_events WHERE host = ? AND journal = ? AND seq = ?", key
+        ).fetchone()
+        return found is not None
 
     def _check_file(self, now: float) -> None:
         """Log ``ledger_file_replaced`` once when the path no longer names the open file
@@ -461,10 +474,10 @@ class Ledger:
     ) -> None:
         """Write a whole run's rows in one transaction and close it: ``port_rows`` in the
         ``port_events`` columns (run, at, host, hca, port, rail, leaf, su, previous, current,
-        reason), ``event_rows`` in the ``events`` columns (run, seq, kind, at, host, hca, port,
-        rail, leaf, su, data JSON), ``outages`` as (``(at, at_s, kind, down_s, ports,
-        isolated, open, reroute, reroute_ms, cause)``, the ports it took down; those not in
-        :attr:`places` are skipped). Rolls back and re-raises on any error."""
+        reason, journal, seq), ``event_rows`` in the ``events`` columns (run, seq, kind, at,
+        host, hca, port, rail, leaf, su, data JSON), ``outages`` as (``(at, at_s, kind,
+        down_s, ports, isolated, open, reroute, reroute_ms, cause)``, the ports it took down;
+        those not in :attr:`places` are skipped). Rolls back and re-raises on any error."""
         places = self._places
         with self._lock:
             conn = self._conn

@@ -16,7 +16,10 @@ Tables (schema :data:`SCHEMA_VERSION`, in ``meta``; a file of a newer schema is 
   rail / leaf / su where the change names a port or host, ``data`` JSON; a ``port`` change
   without its ``counters``, an ``audit`` change without its findings list);
 - ``port_events``: down/up transitions (``previous``, ``current``, ``reason``; ``at`` is the
-  agent's time of the transition);
+  agent's time of the transition; ``journal`` / ``seq``: its number in the agent's event
+  journal, unique per host: a replayed event is recorded once; NULL for an agent without);
+- ``journal_gaps``: numbers of an agent's journal that are missing for good (``seq_from`` ..
+  ``seq_to``; the journal's bound was passed before the service confirmed them);
 - ``suppressions``: a port's damping suppression turning on or off (``flaps``, ``penalty``);
 - ``plans`` (epoch, hosts re-planned, peer routes, messages, ``solve_ms``) and ``acks`` (host,
   epoch, result, ``apply_ms``, ``fast_path``);
@@ -47,12 +50,15 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from linkguard.failuremodel import FailureModel
 
 __all__ = [
     "EVENT_KINDS",
     "HEARTBEAT_S",
     "INSERTS",
+    "MIGRATIONS",
     "PURGE_EVERY_S",
     "SCHEMA_SQL",
     "SCHEMA_VERSION",
@@ -67,11 +73,15 @@ __all__ = [
     "open_read_only",
 ]
 
-#: The ledger's schema version (``meta.schema_version``).
-SCHEMA_VERSION = 1
+log = structlog.get_logger(__name__)
+
+#: The ledger's schema version (``meta.schema_version``). 2: ``port_events.journal`` /
+#: ``seq`` (unique per host) and ``journal_gaps``; a version 1 file is migrated when a
+#: service opens it for writing (:data:`MIGRATIONS`), read as it is by the report.
+SCHEMA_VERSION = 2
 
 #: Change kinds the ledger records (those of :mod:`linkguard.topology.changes`).
-EVENT_KINDS = ("port", "port_event", "host", "plans", "ack", "audit", "health")
+EVENT_KINDS = ("port", "port_event", "journal_gap", "host", "plans", "ack", "audit", "health")
 
 #: Retention purge interval and the window end heartbeat of a running service (s).
 PURGE_EVERY_S = 3600.0
@@ -113,9 +123,20 @@ CREATE TABLE port_events (
     at REAL NOT NULL,
     host TEXT NOT NULL, hca TEXT NOT NULL, port INTEGER NOT NULL,
     rail INTEGER, leaf TEXT, su INTEGER,
-    previous TEXT NOT NULL, current TEXT NOT NULL, reason TEXT
+    previous TEXT NOT NULL, current TEXT NOT NULL, reason TEXT,
+    journal TEXT, seq INTEGER
 );
 CREATE INDEX port_events_at ON port_events (at);
+CREATE UNIQUE INDEX port_events_journal ON port_events (host, journal, seq);
+CREATE TABLE journal_gaps (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER,
+    at REAL NOT NULL,
+    host TEXT NOT NULL, journal TEXT NOT NULL,
+    seq_from INTEGER NOT NULL, seq_to INTEGER NOT NULL,
+    UNIQUE (host, journal, seq_from)
+);
+CREATE INDEX journal_gaps_at ON journal_gaps (at);
 CREATE TABLE suppressions (
     id INTEGER PRIMARY KEY,
     run_id INTEGER,
@@ -179,9 +200,28 @@ CREATE TABLE outage_ports (
 );
 """
 
+#: SQL that takes a file of the version before each version to it, by the version it reaches.
+MIGRATIONS = {
+    2: """
+ALTER TABLE port_events ADD COLUMN journal TEXT;
+ALTER TABLE port_events ADD COLUMN seq INTEGER;
+CREATE UNIQUE INDEX port_events_journal ON port_events (host, journal, seq);
+CREATE TABLE journal_gaps (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER,
+    at REAL NOT NULL,
+    host TEXT NOT NULL, journal TEXT NOT NULL,
+    seq_from INTEGER NOT NULL, seq_to INTEGER NOT NULL,
+    UNIQUE (host, journal, seq_from)
+);
+CREATE INDEX journal_gaps_at ON journal_gaps (at);
+""",
+}
+
 #: Tables whose rows carry ``at`` (retention deletes by it).
 TIMED_TABLES = (
     "events",
+    "journal_gaps",
     "port_events",
     "suppressions",
     "plans",
@@ -310,8 +350,11 @@ def connect(path: Path, *, create: bool, read_only: bool) -> sqlite3.Connection:
                     f"ledger {p} has schema version {version}, newer than this linkguard's "
                     f"{SCHEMA_VERSION}: use a newer linkguard to read it"
                 )
-            if version < SCHEMA_VERSION:  # no older schema was ever released
+            if version < 1:
                 raise LedgerError(f"ledger {p} has unknown old schema version {version}")
+            if version < SCHEMA_VERSION and not read_only:
+                _migrate(conn, version)
+                log.info("ledger_migrated", path=str(p), schema_from=version, to=SCHEMA_VERSION)
     except LedgerError:
         conn.close()
         raise
@@ -321,12 +364,28 @@ def connect(path: Path, *, create: bool, read_only: bool) -> sqlite3.Connection:
     return conn
 
 
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Take a writable file from schema ``version`` to :data:`SCHEMA_VERSION`, one step per
+    version, in one transaction."""
+    script = "".join(MIGRATIONS[v] for v in range(version + 1, SCHEMA_VERSION + 1))
+    conn.executescript(
+        "BEGIN;"
+        + script
+        + f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';"
+        + "COMMIT;"
+    )
+
+
 #: The writer's INSERT statements, by table.
 INSERTS = {
     "events": "INSERT INTO events (run_id, seq, kind, at, host, hca, port, rail, leaf, su, data)"
     " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-    "port_events": "INSERT INTO port_events (run_id, at, host, hca, port, rail, leaf, su,"
-    " previous, current, reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+    # a journaled event (host, journal, seq) already recorded is ignored: replays are
+    # recorded once
+    "port_events": "INSERT OR IGNORE INTO port_events (run_id, at, host, hca, port, rail,"
+    " leaf, su, previous, current, reason, journal, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "journal_gaps": "INSERT OR IGNORE INTO journal_gaps (run_id, at, host, journal, seq_from,"
+    " seq_to) VALUES (?,?,?,?,?,?)",
     "suppressions": "INSERT INTO suppressions (run_id, at, host, hca, port, rail, leaf, su,"
     " suppressed, flaps, penalty) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
     "plans": "INSERT INTO plans (run_id, epoch, at, hosts, peer_routes, messages, solve_ms)"

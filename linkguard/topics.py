@@ -13,6 +13,8 @@ Layout (all QoS 1; "R" = retained):
   linkguard/v1/probes/<host>                     R  ProbeTargets (whom each rail probes)
   linkguard/v1/peers/<host>                      R  PeerRoutes (routes every whole host needs
                                                     towards this impaired host; see below)
+  linkguard/v1/confirmed/<host>                  R  EventsConfirmed (the host's journaled
+                                                    port events the service has recorded)
   linkguard/v1/service/status                    R  ServiceStatus (last will: online=false)
   linkguard/v1/service/audit                     R  fleet audit of agent inventories (JSON)
   linkguard/v1/service/health                    R  switch-level health (JSON, below)
@@ -36,6 +38,14 @@ hosts with a compact plan (``Plan.shared``) subscribe to ``peers/+`` and add wha
 (:func:`linkguard.models.expand_plan`), so a host link event changes one retained message that
 the broker fans out, not every host's plan. A peer that is whole again keeps a message with no
 ``classes``. The service deletes the ones of hosts its fabric does not list.
+
+``confirmed/<host>`` is published by the topology service each time it takes (or is sent
+again) a port event that carries a journal number (``PortEvent.seq``): ``upto`` is the highest
+number of that journal (``journal``) below which none is missing (recorded, or in a range the
+agent reported lost). The agent reads it (and ``service/status``: a service with a new
+``instance`` or ``started_at`` has restarted) to forget confirmed events and replay the others
+after a reconnect (:mod:`linkguard.agent.journal`). The service de-duplicates by (host,
+journal, seq): a replayed event is recorded once.
 
 ``hosts/<host>/plan-request`` is published by an agent that may be behind: after every
 (re)connect, and when a peer routes message carries a newer leader term than its plan. It
@@ -69,6 +79,7 @@ __all__ = [
     "all_peer_routes",
     "all_plans",
     "events",
+    "events_confirmed",
     "fabric_faults",
     "inventory",
     "parse",
@@ -116,6 +127,10 @@ def events(host: str) -> str:
 
 def ack(host: str) -> str:
     return f"{PREFIX}/hosts/{_seg(host)}/ack"
+
+
+def events_confirmed(host: str) -> str:
+    return f"{PREFIX}/confirmed/{_seg(host)}"
 
 
 def plan_request(host: str) -> str:
@@ -170,7 +185,7 @@ def all_peer_routes() -> str:
 @dataclass(frozen=True)
 class ParsedTopic:
     # inventory | status | port | events | ack | probes | plan_request | plan | peers |
-    # probe_targets; host ""
+    # probe_targets | confirmed; host ""
     # for the fabric-wide ones: service_status | service_audit | service_health | fabric_faults
     kind: str
     host: str
@@ -189,6 +204,8 @@ def parse(topic: str) -> ParsedTopic | None:
         return ParsedTopic("plan", parts[3])
     if parts[2] == "peers" and len(parts) == 4:
         return ParsedTopic("peers", parts[3])
+    if parts[2] == "confirmed" and len(parts) == 4:
+        return ParsedTopic("confirmed", parts[3])
     if parts[2] == "probes" and len(parts) == 4:
         return ParsedTopic("probe_targets", parts[3])
     if parts[2:] == ["service", "status"]:

@@ -85,7 +85,22 @@ def record_simulation(ledger: Ledger, timeline: FleetTimeline, report: FleetRepo
         pl = places.get(key, PortPlace(rail, None, None))
         at = WALL0 + at_s
         port_rows.append(
-            (run, at, host, key[1], key[2], pl.rail, pl.leaf, pl.su, now, current, reason)
+            # journal, seq: the simulated agents keep no journal
+            (
+                run,
+                at,
+                host,
+                key[1],
+                key[2],
+                pl.rail,
+                pl.leaf,
+                pl.su,
+                now,
+                current,
+                reason,
+                None,
+                None,
+            )
         )
         data = {
             "host": host,

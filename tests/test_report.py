@@ -205,11 +205,11 @@ def test_bad_ledgers_and_arguments_exit_2(
     newer = tmp_path / "newer.sqlite3"
     Ledger(newer).close()
     conn = sqlite3.connect(newer)
-    conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    conn.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
     conn.commit()
     conn.close()
     assert main(["report", "--ledger", str(newer)]) == 2
-    assert "schema version 2, newer" in capsys.readouterr().err
+    assert "schema version 3, newer" in capsys.readouterr().err
     empty = tmp_path / "empty.sqlite3"
     Ledger(empty).close()
     assert main(["report", "--ledger", str(empty)]) == 2

@@ -55,7 +55,7 @@ __all__ = [
     "UntilQ",
 ]
 
-Kind = Literal["port", "port_event", "host", "plans", "ack", "audit", "health"]
+Kind = Literal["port", "port_event", "journal_gap", "host", "plans", "ack", "audit", "health"]
 assert get_args(Kind) == KINDS, "topology.changes.KINDS changed: update Kind"
 Shown = Literal["up", "down", "held_down", "suppressed", "degraded", "unknown"]
 #: the states the dashboard colours a port by, in this order (see :func:`shown`)

@@ -16,6 +16,10 @@ Kinds and their ``data`` (JSON-ready dicts):
   what the dashboard shows of it changed: status, usable, reason, rate, suppressed, flaps or
   hold-down (the agents' periodic re-publish of the same state is not a change);
 - ``port_event``: an agent's :class:`~linkguard.models.PortEvent` (a status transition);
+- ``journal_gap``: numbers of an agent's event journal that are missing for good (the
+  journal's bound was passed while the service did not confirm them): ``host``,
+  ``journal``, ``seq_from``, ``seq_to``, ``events``, ``at`` (the agent's time of the event
+  that reported it; :mod:`linkguard.topology.journaldesk`);
 - ``host``: a :class:`~linkguard.models.HostStatus` (agent online / offline);
 - ``plans``: a publish: ``epoch``, ``hosts`` (re-planned), ``peer_routes`` (impaired hosts
   whose peer routes went out), ``solve_ms``, ``messages``;
@@ -41,7 +45,7 @@ __all__ = ["KINDS", "Change", "ChangeFeed"]
 
 log = structlog.get_logger(__name__)
 
-KINDS = ("port", "port_event", "host", "plans", "ack", "audit", "health")
+KINDS = ("port", "port_event", "journal_gap", "host", "plans", "ack", "audit", "health")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The topology service's pure core: what a bus message, a solve or a tick changes, and what the
 service must do about it.
 
-Consumes: decoded bus messages (``topic``, ``payload``, ``retain``: port states, port events,
+Consumes: decoded bus messages (``topic``, ``payload``, ``retain``: port states, port events
+(through the journals' :class:`~linkguard.topology.journaldesk.JournalDesk`),
 host statuses, acks, inventories, probe reports, retained plans and peer routes, service
 status and the retained ``service/health``), timer ticks (a solve due, a route-around check,
 a put-back due, a probe window) and solve results, each with ``now`` (monotonic s; the wall
@@ -67,6 +68,7 @@ from linkguard.topology.effects import (
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.faultsdesk import FaultsDesk
 from linkguard.topology.integrity import Integrity, Refused
+from linkguard.topology.journaldesk import JournalDesk
 from linkguard.topology.posture import PostureDesk
 from linkguard.topology.probedesk import ProbeDesk
 from linkguard.topology.schedule import SolveSchedule
@@ -157,6 +159,8 @@ class ServiceCore:
         #: instance's)
         self.inherited_faults: FabricFaults | None = None
         self._warned: set[tuple[str, ...]] = set()
+        #: the agents' event journals: new events, duplicates, gaps, confirmations
+        self.journal = JournalDesk()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -268,7 +272,7 @@ class ServiceCore:
         if isinstance(obj, PortState):
             return self.on_port_state(obj, hca, port, topic, now)
         if isinstance(obj, PortEvent):
-            return [Emit("port_event", obj.model_dump(mode="json"))]
+            return self.journal.on_event(obj)
         if isinstance(obj, ProbeReport):
             return self.probes.on_report(obj, now)
         if isinstance(obj, HostStatus):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from linkguard.models import PeerRoutes, Plan
+from linkguard.models import EventsConfirmed, PeerRoutes, Plan
 
 __all__ = [
     "AnnounceOnline",
@@ -24,6 +24,7 @@ __all__ = [
     "KickAudit",
     "KickRouteAround",
     "Log",
+    "PublishConfirmed",
     "PublishPlans",
     "Reissue",
     "RetainedKind",
@@ -118,8 +119,17 @@ class StopDuplicate:
     """Another service instance that started first is on this broker: stop this one."""
 
 
+@dataclass(frozen=True)
+class PublishConfirmed:
+    """Publish ``confirmed`` on ``confirmed/<host>`` (retained): the agent's journal forgets
+    what the service recorded (:mod:`linkguard.topology.journaldesk`)."""
+
+    confirmed: EventsConfirmed
+
+
 Effect = (
     Log
+    | PublishConfirmed
     | Emit
     | ScheduleSolve
     | KickAudit

@@ -46,6 +46,7 @@ from linkguard.topology.effects import (
     ClearRetained,
     ClearStalePlans,
     Effect,
+    PublishConfirmed,
     PublishPlans,
     Reissue,
 )
@@ -177,6 +178,13 @@ class ServiceIO:
                 await self._clear_stale_plans()
             elif isinstance(e, AnnounceOnline):
                 await self._announce()
+            elif isinstance(e, PublishConfirmed):
+                msg = e.confirmed
+                # QoS 0: no PUBACK to wait for in the receive loop (one per port event); a
+                # confirmation lost with a connection comes back as the retained copy on the
+                # agent's resubscribe, or again on its next replay
+                topic = topics.events_confirmed(msg.host)
+                await self.bus.publish(topic, encode(msg), retain=True, qos=0)
             else:
                 self._execute_now([e])
 

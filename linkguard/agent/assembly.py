@@ -375,7 +375,8 @@ def make_rails_socket(
 
 
 def subscriptions(settings: AgentSettings) -> list[str | tuple[str, int]]:
-    """The agent's topics: its plan and status, every peer's routes, its probe targets."""
+    """The agent's topics: its plan and status, every peer's routes, its probe targets, its
+    events' confirmations and the service's status."""
     host = settings.host
     return [
         topics.plan(host),
@@ -385,4 +386,7 @@ def subscriptions(settings: AgentSettings) -> list[str | tuple[str, int]]:
         # host a PUBACK per peer change (256 per host link event at 256 hosts)
         (topics.all_peer_routes(), 0),
         *([topics.probe_targets(host)] if settings.probes.enabled else []),
+        # the event journal: what the service recorded, and when it restarted
+        topics.events_confirmed(host),
+        topics.service_status(),
     ]

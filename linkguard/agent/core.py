@@ -45,6 +45,7 @@ from linkguard.agent.effects import (
     ObserveEvents,
     PersistHealth,
     PersistHistory,
+    PersistJournal,
     PersistPeerRoutes,
     PersistPlan,
     PersistTerm,
@@ -58,15 +59,18 @@ from linkguard.agent.effects import (
     SendAck,
     Yield,
 )
+from linkguard.agent.journal import EventJournal
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.plans import PlanRefused, Refusal, check_plan
 from linkguard.models import (
     Ack,
     AckResult,
+    EventsConfirmed,
     HostStatus,
     PeerRoutes,
     Plan,
     PortStatus,
+    ServiceStatus,
     encode,
     expand_plan,
 )
@@ -89,6 +93,9 @@ class AgentStats:
     messages_dropped: Counter[str] = field(default_factory=Counter)
     fast_paths: int = 0
     states_published: int = 0
+    #: port events held in the journal unconfirmed; dropped past its bound since the start
+    journal_held: int = 0
+    journal_dropped: int = 0
 
 
 class AgentCore:
@@ -119,6 +126,10 @@ class AgentCore:
         self.plan_received: Plan | None = None
         #: retained peer routes, by peer
         self.peers: dict[str, PeerRoutes] = {}
+        #: the port event journal (None: events are not numbered; the wiring sets it)
+        self.journal: EventJournal | None = None
+        #: (instance, started_at) of the last online service seen on ``service/status``
+        self.service_seen: tuple[str | None, float | None] | None = None
         self._cleared_logged = False  # plan_cleared said since the last plan
 
     # -- start ---------------------------------------------------------------------------
@@ -153,7 +164,11 @@ class AgentCore:
         effects.extend(PublishState(st) for st in out.states)
         if fast_path:
             effects.append(FlushNeighbours(background=True))
-        effects.extend(PublishEvent(ev) for ev in out.events)
+        sent = list(out.events) if self.journal is None else self.journal.record(out.events)
+        effects.extend(PublishEvent(ev) for ev in sent)
+        if self.journal is not None and out.events:
+            self._journal_stats()
+            effects.append(PersistJournal())
         effects.append(ObserveEvents(tuple(out.events)))
         if out.events:
             effects += [PersistHistory(), RailChange("port_event")]
@@ -172,6 +187,46 @@ class AgentCore:
             "fast_path_applied", port=port, epoch=ack.epoch, apply_ms=round(ack.apply_ms or 0, 2)
         )
         return [SendAck(ack), RailChange("fast_path"), ObserveAck(ack)]
+
+    # -- the event journal -------------------------------------------------------------
+    def use_journal(self, journal: EventJournal) -> None:
+        """Number and journal port events from now on (the wiring's, with the saved one)."""
+        self.journal = journal
+        self._journal_stats()
+
+    def replay_events(self) -> list[Effect]:
+        """Every journaled event the service has not confirmed, again (after a reconnect, a
+        service restart, each refresh)."""
+        if self.journal is None:
+            return []
+        return [PublishEvent(ev, replay=True) for ev in self.journal.pending()]
+
+    def on_events_confirmed(self, msg: EventsConfirmed) -> list[Effect]:
+        """``confirmed/<host>``: forget what the service recorded. Not saved at once (one
+        disk write per event is enough): the file catches up with the next event, and what
+        a restarted agent replays in between the service de-duplicates."""
+        if self.journal is not None and self.journal.confirm(msg):
+            self._journal_stats()
+        return []
+
+    def _journal_stats(self) -> None:
+        if self.journal is not None:
+            self.stats.journal_held = len(self.journal.held)
+            self.stats.journal_dropped = self.journal.dropped
+
+    def on_service_status(self, seen: ServiceStatus, *, retained: bool) -> list[Effect]:
+        """``service/status``: the unconfirmed events go again to a service that announces
+        itself live (it just connected: after a broker outage it may have come back after
+        this agent's own replay) or, retained, with another ``instance`` / ``started_at``
+        than the last one seen online (a restart, a failover). The first retained one seen
+        only names the service: this agent's own announce replays."""
+        if not seen.online:
+            return []
+        ident, before = (seen.instance, seen.started_at), self.service_seen
+        self.service_seen = ident
+        if retained and before in (None, ident):
+            return []
+        return self.replay_events()
 
     # -- presence ------------------------------------------------------------------------
     def on_status(self, seen: HostStatus, *, me: Me, retained: bool) -> list[Effect]:

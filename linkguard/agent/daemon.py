@@ -121,6 +121,7 @@ class Agent(MessageDispatch):
         self.applier = make_applier(settings, self.table, netdevs, self.verifier)
         #: the decisions: fast path, plan acceptance, peer routes, leader term
         self.core = make_core(settings, netdevs, self.verifier, str(self.files.term_path))
+        self.core.use_journal(self.files.load_journal(limit=s.journal_max_events, host=self.host))
         self.inbox = make_inbox(settings, self.core, self.verifier)
         #: NCCL settings for jobs starting now, next to the rail map (linkguard.nccl)
         self.nccl = NcclFiles(s.rail_map_path.parent, topology_file=s.nccl_topo_file)

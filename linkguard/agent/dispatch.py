@@ -2,12 +2,14 @@
 publishes.
 
 Consumes: raw bus messages (:class:`~linkguard.bus.BusMessage`) on the agent's own
-``status``, ``plans/<host>``, ``peers/+`` and ``probes/<host>`` topics. Produces: decoded
+``status``, ``plans/<host>``, ``peers/+``, ``probes/<host>``, ``confirmed/<host>`` and
+``service/status`` topics. Produces: decoded
 plans, peer routes and status messages handed to :class:`~linkguard.agent.core.AgentCore`
 (through :mod:`linkguard.agent.inbox`: size, signature, model) and its effects run in order
 (:class:`~linkguard.agent.executor.EffectExecutor`); probe targets handed to the prober; a
 message on any other topic dropped and counted (``unexpected_topic``). Also the port states
-re-published each ``refresh_interval_s`` and the ``no_plan_yet`` warning. Creates no task:
+(and the journal's unconfirmed events) re-published each ``refresh_interval_s`` and the
+``no_plan_yet`` warning. Creates no task:
 :mod:`linkguard.agent.daemon` (the wiring module) runs these in its ``bus``, ``refresh`` and
 ``expect-plan`` tasks.
 """
@@ -23,7 +25,15 @@ import structlog
 from linkguard import topics
 from linkguard.agent.executor import EffectExecutor
 from linkguard.bus import BusMessage
-from linkguard.models import BadMessage, HostStatus, PeerRoutes, Plan, decode
+from linkguard.models import (
+    BadMessage,
+    EventsConfirmed,
+    HostStatus,
+    PeerRoutes,
+    Plan,
+    ServiceStatus,
+    decode,
+)
 
 __all__ = ["MessageDispatch"]
 
@@ -52,6 +62,12 @@ class MessageDispatch(EffectExecutor):
         if parsed is not None and parsed.kind == "probe_targets" and parsed.host == self.host:
             self._on_probe_targets(msg)
             return
+        if parsed is not None and parsed.kind == "confirmed" and parsed.host == self.host:
+            await self._on_journal_message(msg, EventsConfirmed)
+            return
+        if parsed is not None and parsed.kind == "service_status":
+            await self._on_journal_message(msg, ServiceStatus)
+            return
         if parsed is None or parsed.kind != "plan" or parsed.host != self.host:
             self.stats.messages_dropped["unexpected_topic"] += 1
             log.warning("message_dropped", topic=msg.topic, reason="unexpected_topic")
@@ -66,6 +82,29 @@ class MessageDispatch(EffectExecutor):
                 plan, raw=msg.payload, topic=msg.topic, applied=self.applier.plan, now=time.time()
             )
             await self.execute(effects)
+
+    async def _on_journal_message(
+        self, msg: BusMessage, model: type[EventsConfirmed] | type[ServiceStatus]
+    ) -> None:
+        """``confirmed/<host>`` or ``service/status`` -> the core's journal decisions. Not
+        signed: at worst a forged one makes the agent forget or resend events."""
+        if not msg.payload:
+            return  # a deleted retained message
+        try:
+            obj = decode(
+                model,
+                msg.payload,
+                topic=msg.topic,
+                max_bytes=self.settings.bus.max_message_bytes,
+                **({"expect_host": self.host} if model is EventsConfirmed else {}),
+            )
+        except BadMessage as exc:
+            self.inbox.drop(msg, exc.reason, exc.detail)
+            return
+        if isinstance(obj, EventsConfirmed):
+            await self.execute(self.core.on_events_confirmed(obj))
+        elif isinstance(obj, ServiceStatus):
+            await self.execute(self.core.on_service_status(obj, retained=msg.retain))
 
     async def _on_peer_routes(self, msg: BusMessage, peer: str) -> None:
         """``peers/<peer>``: decoded (a zero-length payload: deleted) -> core -> effects."""
@@ -104,3 +143,4 @@ class MessageDispatch(EffectExecutor):
             await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
+            await self.execute(self.core.replay_events())  # events a lost PUBACK left behind

@@ -22,6 +22,7 @@ __all__ = [
     "ObserveEvents",
     "PersistHealth",
     "PersistHistory",
+    "PersistJournal",
     "PersistPeerRoutes",
     "PersistPlan",
     "PersistTerm",
@@ -105,9 +106,16 @@ class PublishState:
 
 @dataclass(frozen=True)
 class PublishEvent:
-    """Log ``port_event`` and publish the event (not retained) once the host is announced."""
+    """Log ``port_event`` and publish the event (not retained) once the host is announced;
+    ``replay``: an event of the journal sent again (logged at debug only)."""
 
     event: PortEvent
+    replay: bool = False
+
+
+@dataclass(frozen=True)
+class PersistJournal:
+    """Save the event journal (``state_dir/events.json``, :mod:`linkguard.agent.journal`)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,7 @@ Effect = (
     | PublishEvent
     | FlushNeighbours
     | PersistHistory
+    | PersistJournal
     | PersistHealth
     | PersistTerm
     | PersistPlan

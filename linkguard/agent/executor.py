@@ -31,6 +31,7 @@ from linkguard.agent.effects import (
     ObserveEvents,
     PersistHealth,
     PersistHistory,
+    PersistJournal,
     PersistPeerRoutes,
     PersistPlan,
     PersistTerm,
@@ -164,13 +165,14 @@ class EffectExecutor:
             await self._publish_state(e.state)
         elif isinstance(e, PublishEvent):
             ev = e.event
-            log.info(
-                "port_event",
+            (log.debug if e.replay else log.info)(
+                "port_event_replayed" if e.replay else "port_event",
                 port=f"{ev.hca}/{ev.port}",
                 rail=ev.rail,
                 previous=ev.previous.value,
                 current=ev.current.value,
                 reason=ev.reason,
+                seq=ev.seq,
             )
             if self._announced:
                 await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
@@ -180,6 +182,9 @@ class EffectExecutor:
             self.files.save_history(now=time.monotonic(), wall=time.time())
         elif isinstance(e, PersistHealth):
             self.files.save_health(now=time.monotonic(), wall=time.time())
+        elif isinstance(e, PersistJournal):
+            if self.core.journal is not None:
+                self.files.save_journal(self.core.journal)
         elif isinstance(e, PersistTerm):
             self.files.save_term(e.term)
         elif isinstance(e, PersistPlan):
@@ -310,6 +315,8 @@ class EffectExecutor:
             host=self.host, epoch=self.applier.applied_epoch, reason="reconnect", at=time.time()
         )
         await self.bus.publish(topics.plan_request(self.host), encode(request), retain=False)
+        # events published while the broker was away (or nobody listened) go again
+        await self.execute(self.core.replay_events())
 
     def _on_probe_targets(self, msg: BusMessage) -> None:
         """``probes/<host>``: probe these from now on. Unsigned (they pick whom to probe and

@@ -3,19 +3,23 @@
 Consumes: the port monitor (:class:`~linkguard.agent.monitor.PortMonitor`, restored into and
 read from), times passed in (``now`` monotonic s, ``wall`` Unix s). Produces: ``damping.json``
 (flap history: a restart must not bypass a hold-down), ``counter_health.json`` (counter-health
-verdicts and reference rates, format version :data:`HEALTH_STATE_VERSION`) and ``term`` (the
-highest leader term seen). Every read or write failure is logged, never raised: the agent runs
+verdicts and reference rates, format version :data:`HEALTH_STATE_VERSION`), ``term`` (the
+highest leader term seen) and ``events.json`` (the port event journal,
+:mod:`linkguard.agent.journal`). Every read or write failure is logged, never raised: the agent runs
 on without the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 
 import structlog
 
+from linkguard.agent.journal import EventJournal
 from linkguard.agent.monitor import PortMonitor
 from linkguard.atomicfile import atomic_write
 
@@ -38,6 +42,7 @@ class StateFiles:
         self.history_path = state_dir / "damping.json"
         self.health_path = state_dir / "counter_health.json"
         self.term_path = state_dir / "term"
+        self.journal_path = state_dir / "events.json"
         # (counter verdicts, reference rates) last written; None: the file needs a rewrite
         self._health_saved: tuple[dict[str, str], dict[str, float]] | None = None
         #: verdicts of counter_health.json kept as they are while counter health is disabled
@@ -194,3 +199,38 @@ class StateFiles:
             atomic_write(self.term_path, f"{term}\n", mode=0o600)
         except OSError as exc:
             log.warning("term_not_saved", path=str(self.term_path), error=str(exc)[:200])
+
+    def load_journal(self, *, limit: int, host: str) -> EventJournal:
+        """The event journal of the previous run (numbering goes on, unconfirmed events are
+        replayed); a new one (new random id, numbering from 1) when there is none. An
+        unreadable or corrupt file is logged (``event_journal_unreadable``) and moved aside
+        to ``events.json.bad``: the service then sees a new journal, never a reused number."""
+        try:
+            doc = json.loads(self.journal_path.read_text())
+            journal = EventJournal.from_doc(doc, limit=limit, host=host)
+        except FileNotFoundError:
+            return EventJournal(secrets.token_hex(8), limit=limit)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "event_journal_unreadable",
+                path=str(self.journal_path),
+                error=str(exc)[:200],
+                action="moved aside to events.json.bad; a new journal starts",
+            )
+            with contextlib.suppress(OSError):
+                os.replace(self.journal_path, self.journal_path.with_name("events.json.bad"))
+            return EventJournal(secrets.token_hex(8), limit=limit)
+        log.info(
+            "event_journal_restored",
+            journal=journal.journal,
+            next_seq=journal.next_seq,
+            held=len(journal.held),
+        )
+        return journal
+
+    def save_journal(self, journal: EventJournal) -> None:
+        """Write the event journal (a failure is logged; the journal lives on in memory)."""
+        try:
+            atomic_write(self.journal_path, json.dumps(journal.to_doc()), mode=0o600)
+        except OSError as exc:
+            log.warning("event_journal_not_saved", path=str(self.journal_path), error=str(exc))

@@ -150,6 +150,18 @@ PORT_STATES_PUBLISHED = MetricSpec(
     "counter",
     "Port states published on the bus since the agent started",
 )
+EVENT_JOURNAL_HELD = MetricSpec(
+    "linkguard_event_journal_held",
+    "gauge",
+    "Port events held in the agent's journal that the service has not confirmed yet "
+    "(replayed after a reconnect; at most journal_max_events)",
+)
+EVENT_JOURNAL_DROPPED = MetricSpec(
+    "linkguard_event_journal_dropped_total",
+    "counter",
+    "Unconfirmed port events the journal dropped past journal_max_events since the agent "
+    "started (the service records them as a journal_gap)",
+)
 BUILD_INFO = MetricSpec(
     "linkguard_build_info",
     "gauge",
@@ -176,6 +188,8 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     NEIGHBOURS_FLUSHED,
     MESSAGES_DROPPED,
     PORT_STATES_PUBLISHED,
+    EVENT_JOURNAL_HELD,
+    EVENT_JOURNAL_DROPPED,
     *BUS_METRICS,
     BUILD_INFO,
 )
@@ -292,6 +306,8 @@ class AgentMetrics:
             counter(NEIGHBOURS_FLUSHED, a.applier.neighbours_flushed),
             counter(MESSAGES_DROPPED, dict(stats.messages_dropped)),
             counter(PORT_STATES_PUBLISHED, stats.states_published),
+            gauge(EVENT_JOURNAL_HELD, stats.journal_held),
+            counter(EVENT_JOURNAL_DROPPED, stats.journal_dropped),
             *bus_families(a.bus),
             info,
         ]

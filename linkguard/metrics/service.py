@@ -144,6 +144,12 @@ MESSAGES_DROPPED = MetricSpec(
     "stale_probe_epoch; signed plans: foreign, unsigned, unknown_key, bad_signature)",
     ("reason",),
 )
+JOURNAL_GAP_EVENTS = MetricSpec(
+    "linkguard_journal_gap_events_total",
+    "counter",
+    "Port events missing for good from the agents' journals since the service started: "
+    "dropped past journal_max_events before the service confirmed them (journal_gap)",
+)
 AUDIT_FINDINGS = MetricSpec(
     "linkguard_audit_findings",
     "gauge",
@@ -195,6 +201,7 @@ SERVICE_METRICS: tuple[MetricSpec, ...] = (
     HOSTS_UNPROTECTED,
     ACKS,
     MESSAGES_DROPPED,
+    JOURNAL_GAP_EVENTS,
     AUDIT_FINDINGS,
     PROBE_VERDICTS,
     PROBE_PAIRS_UNANSWERABLE,
@@ -243,6 +250,7 @@ class ServiceMetrics:
         for path in ("plan", "fast_path"):
             self.ack_apply_seconds.labels(path)
         self.acks: Counter[str] = Counter({r.value: 0 for r in AckResult})
+        self.journal_gap_events = 0
         self.audit: dict[str, int] = {"error": 0, "warning": 0}
         if service.audit_json:
             self._on_audit(json.loads(service.audit_json))
@@ -285,6 +293,8 @@ class ServiceMetrics:
             self._done(change.at)
         elif change.kind == "audit":
             self._on_audit(d)
+        elif change.kind == "journal_gap" and isinstance(d.get("events"), int):
+            self.journal_gap_events += d["events"]
 
     def _on_port(self, at: float, d: dict[str, Any]) -> None:
         key = (str(d.get("host")), f"{d.get('hca')}/{d.get('port')}")
@@ -385,6 +395,7 @@ class ServiceMetrics:
             gauge(HOSTS_UNPROTECTED, len(svc.unprotected)),
             counter(ACKS, dict(self.acks)),
             counter(MESSAGES_DROPPED, dict(svc.dropped)),
+            counter(JOURNAL_GAP_EVENTS, self.journal_gap_events),
             audit,
             verdicts,
             counter(PROBE_PAIRS_UNANSWERABLE, svc.probe_pairs_unanswerable),

@@ -37,6 +37,7 @@ __all__ = [
     "CableRef",
     "CoreTier",
     "DampingStatus",
+    "EventsConfirmed",
     "FabricFaults",
     "HCAInfo",
     "HostInventory",
@@ -140,6 +141,8 @@ SwitchName = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 ]
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
+#: An agent's event journal id (random hex, made with its journal file).
+JournalId = Annotated[str, Field(min_length=8, max_length=32, pattern=r"^[0-9a-f]+$")]
 
 
 class _Model(BaseModel):
@@ -356,6 +359,52 @@ class PortEvent(_Model):
     current: PortStatus
     reason: str | None = Field(None, max_length=200)
     at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
+    # the agent's event journal (linkguard.agent.journal); None: an agent without one
+    seq: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="this host's event number in its journal (1, 2, ...)"
+    )
+    journal: JournalId | None = Field(
+        None, description="the journal's id: a new id starts its numbering again at 1"
+    )
+    held_from: int | None = Field(
+        None,
+        ge=1,
+        le=2**63 - 1,
+        description="the lowest seq the agent still holds unconfirmed: each lower one was "
+        "confirmed by the service or is in the lost range",
+    )
+    lost_from: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="first seq of the events the journal dropped"
+    )
+    lost_to: int | None = Field(
+        None, ge=1, le=2**63 - 1, description="last seq of the events the journal dropped"
+    )
+
+    @model_validator(mode="after")
+    def _journal_fields(self) -> PortEvent:
+        if (self.seq is None) != (self.journal is None):
+            raise ValueError("seq and journal come together")
+        if (self.lost_from is None) != (self.lost_to is None):
+            raise ValueError("lost_from and lost_to come together")
+        if self.seq is not None:
+            if self.held_from is not None and self.held_from > self.seq:
+                raise ValueError(f"held_from {self.held_from} is above seq {self.seq}")
+            lost = (self.lost_from, self.lost_to)
+            if lost[0] is not None and lost[1] is not None and not lost[0] <= lost[1] < self.seq:
+                raise ValueError(f"lost {lost[0]}..{lost[1]} is no range below seq {self.seq}")
+        elif self.held_from is not None or self.lost_from is not None:
+            raise ValueError("held_from and lost_* need seq and journal")
+        return self
+
+
+class EventsConfirmed(_Model):
+    """Retained on ``confirmed/<host>`` by the topology service: every event of ``host``'s
+    journal ``journal`` numbered up to ``upto`` is recorded (or in a recorded gap); the agent
+    forgets them and replays the rest after a reconnect (:mod:`linkguard.agent.journal`)."""
+
+    host: HostName
+    journal: JournalId
+    upto: int = Field(ge=0, le=2**63 - 1, description="the highest seq with none missing below")
 
 
 #: A signing key's id: the first 16 hex digits of the SHA-256 of its raw 32-byte Ed25519

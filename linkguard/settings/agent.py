@@ -142,6 +142,14 @@ class AgentSettings(SettingsBase):
     refresh_interval_s: float = Field(
         30.0, ge=1, description="re-publish all port states this often (s, +-10 % jitter)"
     )
+    journal_max_events: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="port events held until the service confirms them (state_dir/events.json, "
+        "replayed after a reconnect); past it the oldest are dropped and reported as a "
+        "journal gap",
+    )
     service_public_key: Path | None = Field(
         None,
         description="the topology service's Ed25519 public key (PEM or raw 32 bytes, "
