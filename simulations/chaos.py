@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -32,17 +34,19 @@ from pydantic import BaseModel, Field
 from linkguard.broker import MosquittoProcess
 from linkguard.config import BusSettings
 from linkguard.damping import DampingPolicy
-from linkguard.models import AckResult
-from linkguard.settings.servicesections import ConvergenceSettings
+from linkguard.models import AckResult, PortEvent
+from linkguard.settings.servicesections import ConvergenceSettings, LedgerSettings
 from linkguard.simulations.chaosproxy import ChaosProxy
 from linkguard.simulations.chaosstorm import (
     ChaosVerdict,
+    EventKey,
     StormEvent,
+    audit_events,
     chaos_rules,
     storm_schedule,
     verdict,
 )
-from linkguard.simulations.fleet import SimulatedFleet
+from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.topology.fabric import generate_rail_optimized
 
 __all__ = ["ChaosReport", "run_chaos"]
@@ -111,6 +115,44 @@ async def _watch(fleet: SimulatedFleet, end: float, deadline_s: float) -> dict[s
         await asyncio.sleep(POLL_S)
 
 
+def _tap_journals(fleet: SimulatedFleet) -> list[EventKey]:
+    """Every event the agents' journals number from now on, as (host, journal, seq, at, hca,
+    port, current): the journal's ``record`` of each agent, observed (its result unchanged)."""
+    out: list[EventKey] = []
+    for host, agent in fleet.agents.items():
+        journal = agent.core.journal
+        if journal is None:
+            continue
+        record = journal.record
+
+        def observed(events: Iterable[PortEvent], *, _r=record, _h=host) -> list[PortEvent]:
+            sent = _r(events)
+            out.extend(
+                (_h, e.journal or "", e.seq or 0, e.at, e.hca, e.port, e.current.value)
+                for e in sent
+            )
+            return sent
+
+        journal.record = observed  # type: ignore[method-assign]
+    return out
+
+
+def _confirmed(fleet: SimulatedFleet) -> bool:
+    """Every agent's journal confirmed by the service up to its last event."""
+    return all(
+        a.core.journal is None or a.core.journal.confirmed >= a.core.journal.next_seq - 1
+        for a in fleet.agents.values()
+    )
+
+
+def _ledger_rows(path: Path) -> list[EventKey]:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        rows = conn.execute(
+            "SELECT host, journal, seq, at, hca, port, current FROM port_events"
+        ).fetchall()
+    return [(h, j or "", s or 0, at, hca, port, cur) for h, j, s, at, hca, port, cur in rows]
+
+
 async def run_chaos(
     *,
     hosts: int = 8,
@@ -153,9 +195,11 @@ async def run_chaos(
                 service_update={
                     "convergence": ConvergenceSettings(
                         resend_after_s=1.0, resend_max_s=2.0, request_min_interval_s=0.5
-                    )
+                    ),
+                    "ledger": LedgerSettings(path=workdir / "ledger.sqlite3"),
                 },
             )
+            journaled = _tap_journals(fleet)
             t_start = time.monotonic()
             async with fleet:
                 startup = await fleet.wait_all_acked(timeout=startup_timeout_s) - t_start
@@ -166,7 +210,13 @@ async def run_chaos(
                     proxy.rules = []
                 end = time.monotonic()
                 convergence = await _watch(fleet, end, within_s + MARGIN_S)
+                with contextlib.suppress(TimeoutError):  # what is unconfirmed shows as lost
+                    await wait_until(lambda: _confirmed(fleet), within_s, "journals confirmed")
+                ledger = fleet.service.ledger
+                if ledger is not None:
+                    ledger.flush(timeout=10)
             stats = proxy.stats
+            audit = audit_events(journaled, _ledger_rows(workdir / "ledger.sqlite3"))
     return ChaosReport(
         hosts=hosts,
         rails=rails,
@@ -183,7 +233,14 @@ async def run_chaos(
         connections=stats[("both", "connections")],
         startup_s=round(startup, 3),
         convergence_s={h: None if t is None else round(t, 3) for h, t in convergence.items()},
-        verdict=verdict(convergence, within_s=within_s),
+        verdict=verdict(
+            convergence,
+            within_s=within_s,
+            journaled=audit.journaled,
+            lost=audit.lost,
+            duplicated=audit.duplicated,
+            time_mismatch=audit.mismatched,
+        ),
     )
 
 

@@ -21,7 +21,9 @@ from linkguard.simulations.chaosproxy import Rule
 
 __all__ = [
     "ChaosVerdict",
+    "EventAudit",
     "StormEvent",
+    "audit_events",
     "chaos_rules",
     "percentile",
     "storm_schedule",
@@ -92,6 +94,43 @@ def chaos_rules(loss: float, *, cuts: int, topic: str = "#") -> list[Rule]:
         Rule("delay", "both", topic, probability=side, delay_s=DELAY_S),
         Rule("reorder", "both", topic, probability=side),
     ]
+
+
+#: an event's time in the ledger and the agent's agree to this (s): the same number through
+#: JSON and SQLite
+TIME_TOLERANCE_S = 0.001
+
+#: a journaled event or a ledger row: (host, journal, seq, at (Unix s), hca, port, current)
+EventKey = tuple[str, str, int, float, str, int, str]
+
+
+@dataclass(frozen=True)
+class EventAudit:
+    """The ledger against the agents' journals: events journaled, journaled events with no
+    ledger row (lost), rows beyond one per (host, journal, seq) (duplicated), and rows whose
+    time or port differs from the agent's (mismatched)."""
+
+    journaled: int
+    lost: int
+    duplicated: int
+    mismatched: int
+
+
+def audit_events(journaled: list[EventKey], rows: list[EventKey]) -> EventAudit:
+    """Compare what the agents journaled with the ledger's ``port_events`` rows."""
+    mine = {(e[0], e[1], e[2]): e for e in journaled}
+    seen: dict[tuple[str, str, int], list[EventKey]] = {}
+    for r in rows:
+        seen.setdefault((r[0], r[1], r[2]), []).append(r)
+    lost = sum(1 for k in mine if k not in seen)
+    duplicated = sum(len(v) - 1 for v in seen.values())
+    mismatched = sum(
+        1
+        for k, e in mine.items()
+        for r in seen.get(k, [])
+        if abs(r[3] - e[3]) > TIME_TOLERANCE_S or r[4:] != e[4:]
+    )
+    return EventAudit(len(mine), lost, duplicated, mismatched)
 
 
 def percentile(values: list[float], q: float) -> float | None:
