@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--storm-s", type=float, default=5.0)
     ap.add_argument("--events-per-s", type=float, default=20.0)
     ap.add_argument("--within-s", type=float, default=15.0)
+    ap.add_argument("--resend-after-s", type=float, default=1.0)
+    ap.add_argument("--resend-max-s", type=float, default=2.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     configure_logging("console", "error")
@@ -52,6 +54,8 @@ def main() -> int:
             events_per_s=args.events_per_s,
             within_s=args.within_s,
             startup_timeout_s=60,
+            resend_after_s=args.resend_after_s,
+            resend_max_s=args.resend_max_s,
         )
     )
     wall = time.perf_counter() - t0

@@ -164,13 +164,17 @@ async def run_chaos(
     cuts: int = 2,
     within_s: float = 10.0,
     startup_timeout_s: float = 30.0,
+    resend_after_s: float = 1.0,
+    resend_max_s: float = 2.0,
     workdir: Path | None = None,
 ) -> ChaosReport:
     """Run the chaos run of the module docstring and return its report. ``loss``: 0..1;
     ``storm_s``, ``within_s``, ``startup_timeout_s``: s. ``workdir``: the agents' state
     dirs and the broker's files (default: a temporary directory, removed afterwards).
     Raises FileNotFoundError without a mosquitto binary, TimeoutError when the fleet's
-    first plans are not all acked within ``startup_timeout_s``."""
+    first plans are not all acked within ``startup_timeout_s``. ``resend_after_s``,
+    ``resend_max_s``: the service's convergence re-send timers (s; production defaults 5 and
+    60)."""
     fabric = generate_rail_optimized(hosts=hosts, rails=rails)
     storm = storm_schedule(
         list(fabric.host_names),
@@ -194,7 +198,9 @@ async def run_chaos(
                 settle_s=0.2,
                 service_update={
                     "convergence": ConvergenceSettings(
-                        resend_after_s=1.0, resend_max_s=2.0, request_min_interval_s=0.5
+                        resend_after_s=resend_after_s,
+                        resend_max_s=resend_max_s,
+                        request_min_interval_s=0.5,
                     ),
                     "ledger": LedgerSettings(path=workdir / "ledger.sqlite3"),
                 },
