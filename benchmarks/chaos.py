@@ -82,7 +82,8 @@ def main() -> int:
     if v.not_converged:
         print(f"  NOT converged: {', '.join(v.not_converged)}")
     print(f"  port events journaled     {v.events_journaled}")
-    print(f"  events lost               {v.events_lost}  (target 0)")
+    print(f"  missing until a reconnect {v.events_missing_until_reconnect}  (target 0)")
+    print(f"  events lost               {v.events_lost}  (target 0; after a reconnect)")
     print(f"  events duplicated         {v.events_duplicated}  (target 0)")
     print(f"  events with another time  {v.events_time_mismatch}  (target 0)")
     print(f"  verdict                   {'PASS' if v.passed else 'FAIL'}")

@@ -15,8 +15,11 @@ dropped, some duplicated, delayed and reordered, ``cuts`` connections cut) and p
 healed at its end); clear the rules (the storm's end) and watch the service's state every
 10 ms until every host has acked its current epoch (applied) or ``within_s`` plus a margin
 has passed. A host's convergence time is when it last became acked, from the storm's end (0:
-acked at the storm's end and never behind since). Every wait has a deadline; the fleet, the
-proxy and the broker are stopped on every path.
+acked at the storm's end and never behind since). Then the ledger is compared with what the
+agents journaled; when events are missing, the proxy cuts every connection once (the agents
+replay what the service has not confirmed on reconnecting) and the ledger is compared again:
+``missing_until_reconnect`` counts the first, ``events_lost`` the second. Every wait has a
+deadline; the fleet, the proxy and the broker are stopped on every path.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from linkguard.settings.servicesections import ConvergenceSettings, LedgerSettin
 from linkguard.simulations.chaosproxy import ChaosProxy
 from linkguard.simulations.chaosstorm import (
     ChaosVerdict,
+    EventAudit,
     EventKey,
     StormEvent,
     audit_events,
@@ -55,6 +59,9 @@ __all__ = ["ChaosReport", "run_chaos"]
 POLL_S = 0.01
 #: the watch after the storm lasts ``within_s`` plus this (s), to tell late from never
 MARGIN_S = 5.0
+#: how long the journals get to be confirmed after the hosts converged, before the ledger is
+#: read (s)
+CONFIRM_S = 3.0
 
 
 class ChaosReport(BaseModel):
@@ -145,6 +152,18 @@ def _confirmed(fleet: SimulatedFleet) -> bool:
     )
 
 
+async def _audit(
+    fleet: SimulatedFleet, journaled: list[EventKey], workdir: Path, wait_s: float
+) -> EventAudit:
+    """The ledger against the journals, once every journal is confirmed or after ``wait_s``
+    (what is unconfirmed then may be missing from the ledger)."""
+    with contextlib.suppress(TimeoutError):
+        await wait_until(lambda: _confirmed(fleet), wait_s, "journals confirmed")
+    if fleet.service.ledger is not None:
+        fleet.service.ledger.flush(timeout=10)
+    return audit_events(journaled, _ledger_rows(workdir / "ledger.sqlite3"))
+
+
 def _ledger_rows(path: Path) -> list[EventKey]:
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
         rows = conn.execute(
@@ -216,13 +235,12 @@ async def run_chaos(
                     proxy.rules = []
                 end = time.monotonic()
                 convergence = await _watch(fleet, end, within_s + MARGIN_S)
-                with contextlib.suppress(TimeoutError):  # what is unconfirmed shows as lost
-                    await wait_until(lambda: _confirmed(fleet), within_s, "journals confirmed")
-                ledger = fleet.service.ledger
-                if ledger is not None:
-                    ledger.flush(timeout=10)
+                before = await _audit(fleet, journaled, workdir, CONFIRM_S)
+                audit = before
+                if before.lost:  # the agents replay what is unconfirmed on a reconnect
+                    proxy.cut()
+                    audit = await _audit(fleet, journaled, workdir, within_s)
             stats = proxy.stats
-            audit = audit_events(journaled, _ledger_rows(workdir / "ledger.sqlite3"))
     return ChaosReport(
         hosts=hosts,
         rails=rails,
@@ -243,6 +261,7 @@ async def run_chaos(
             convergence,
             within_s=within_s,
             journaled=audit.journaled,
+            missing_until_reconnect=before.lost,
             lost=audit.lost,
             duplicated=audit.duplicated,
             time_mismatch=audit.mismatched,

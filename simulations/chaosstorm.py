@@ -153,7 +153,14 @@ class ChaosVerdict(BaseModel):
     convergence_p99_s: float | None = Field(description="per-host convergence, p99 (s)")
     convergence_max_s: float | None = Field(description="the slowest host (s)")
     events_journaled: int | None = Field(None, description="port events the agents journaled")
-    events_lost: int | None = Field(None, description="journaled events not in the ledger")
+    events_missing_until_reconnect: int | None = Field(
+        None,
+        description="journaled events not in the ledger once the hosts converged (the agents "
+        "replay unconfirmed events only on a reconnect)",
+    )
+    events_lost: int | None = Field(
+        None, description="journaled events not in the ledger at the end (after a reconnect)"
+    )
     events_duplicated: int | None = Field(None, description="ledger rows beyond one per event")
     events_time_mismatch: int | None = Field(
         None, description="ledger rows whose time is not the agent's"
@@ -166,6 +173,7 @@ def verdict(
     *,
     within_s: float,
     journaled: int | None = None,
+    missing_until_reconnect: int | None = None,
     lost: int | None = None,
     duplicated: int | None = None,
     time_mismatch: int | None = None,
@@ -184,6 +192,7 @@ def verdict(
         convergence_p99_s=percentile(times, 99),
         convergence_max_s=max(times) if times else None,
         events_journaled=journaled,
+        events_missing_until_reconnect=missing_until_reconnect,
         events_lost=lost,
         events_duplicated=duplicated,
         events_time_mismatch=time_mismatch,

@@ -76,7 +76,8 @@ def sim_chaos(args: argparse.Namespace) -> int:
             f"duplicated {r.duplicated}, delayed {r.delayed}, reordered {r.reordered}, cut "
             f"{r.cut}; convergence p50 {v.convergence_p50_s} s p99 {v.convergence_p99_s} s "
             f"(every host within {v.within_s:g} s: {v.converged}); events journaled "
-            f"{v.events_journaled}, lost {v.events_lost}, duplicated {v.events_duplicated}, "
+            f"{v.events_journaled}, missing until a reconnect {v.events_missing_until_reconnect}, "
+            f"lost {v.events_lost}, duplicated {v.events_duplicated}, "
             f"re-timed {v.events_time_mismatch}: {'PASS' if v.passed else 'FAIL'}"
         )
     return 0 if v.passed else 1
