@@ -114,3 +114,10 @@ def test_chaos_run_short_form(tmp_path: Path) -> None:
     assert v.events_missing_until_reconnect is not None
     assert (v.events_lost, v.events_duplicated, v.events_time_mismatch) == (0, 0, 0)
     assert v.passed
+
+
+def test_sim_chaos_refuses_a_loss_rate_above_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from linkguard.cli import main
+
+    assert main(["sim", "chaos", "--loss", "2"]) == 2
+    assert "--loss 2.0: between 0 and 1" in capsys.readouterr().err
