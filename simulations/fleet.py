@@ -93,6 +93,8 @@ class SimulatedFleet:
         api: ApiSettings | None = None,
         signing_key: Path | None = None,
         service_public_key: Path | None = None,
+        agent_bus: BusSettings | None = None,
+        service_update: dict[str, object] | None = None,
     ) -> None:
         """``bus_factory``: the bus session of the service and every agent (default the real
         MQTT :class:`~linkguard.bus.Bus`; simulations beyond a few hundred agents pass an
@@ -100,7 +102,10 @@ class SimulatedFleet:
         served; ``ApiSettings(port=0)`` serves it on a free loopback port,
         ``fleet.service.api_port``). ``signing_key``: the service signs its plans with it;
         ``service_public_key``: every agent verifies them with it (:mod:`linkguard.signing`).
-        ``debounce_ms``, ``solve_initial_delay_ms``: the service's solve back-off (ms)."""
+        ``debounce_ms``, ``solve_initial_delay_ms``: the service's solve back-off (ms).
+        ``agent_bus``: the agents' bus when it differs from the service's (a chaos run puts
+        a fault-injecting proxy between the agents and the broker); ``service_update``: other
+        service settings (e.g. ``convergence``, ``ledger``)."""
         self.fabric = fabric
         self.bus_factory = bus_factory
         damping = damping or DampingPolicy()
@@ -111,7 +116,7 @@ class SimulatedFleet:
                 startup_settle_s=settle_s,
                 api=api or ApiSettings(enabled=False),
                 signing_key=signing_key,
-            ),
+            ).model_copy(update=service_update or {}),
             fabric=fabric,
             bus_factory=bus_factory,
         )
@@ -124,7 +129,7 @@ class SimulatedFleet:
             )
             self.tables[inv.host] = MemoryRouteTable()
             settings = agent_settings_for(
-                fabric, inv.host, bus=bus, workdir=workdir, damping=damping
+                fabric, inv.host, bus=agent_bus or bus, workdir=workdir, damping=damping
             ).model_copy(update={"service_public_key": service_public_key})
             self.agents[inv.host] = Agent(
                 settings,

@@ -1,5 +1,6 @@
-"""``linkguard sim check|run|lab|fleet``: scenario files checked, replayed on a simulated clock
-or a real bus, on network namespaces, and the fleet simulation at published failure rates."""
+"""``linkguard sim check|run|lab|fleet|chaos``: scenario files checked, replayed on a simulated
+clock or a real bus, on network namespaces, the fleet simulation at published failure rates,
+and the chaos run (:mod:`linkguard.cli.simchaos`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from linkguard.cli.common import Stopped, fail, positive, run_stoppable
 from linkguard.cli.cost import add_transport_args, model_overrides, transports
+from linkguard.cli.simchaos import add_chaos, sim_chaos
 
 if TYPE_CHECKING:  # the commands import what they run when they run
     from linkguard.simulations.engine import RunReport
@@ -24,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_run(simsub)
     _add_lab(simsub)
     _add_fleet(simsub)
+    add_chaos(simsub)
 
 
 def _add_check(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -199,7 +202,7 @@ def _add_fleet(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def run(args: argparse.Namespace) -> int:
-    handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab}.get(
+    handler = {"run": _sim_run, "fleet": _sim_fleet, "lab": _sim_lab, "chaos": sim_chaos}.get(
         args.sim_command, _sim_check
     )
     return handler(args)
