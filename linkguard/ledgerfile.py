@@ -88,6 +88,19 @@ PURGE_EVERY_S = 3600.0
 HEARTBEAT_S = 30.0
 
 #: The tables (SQLite DDL) of :data:`SCHEMA_VERSION`.
+#: the journal_gaps table (schema 2): in the full schema and in the migration to 2
+_JOURNAL_GAPS_SQL = """
+CREATE TABLE journal_gaps (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER,
+    at REAL NOT NULL,
+    host TEXT NOT NULL, journal TEXT NOT NULL,
+    seq_from INTEGER NOT NULL, seq_to INTEGER NOT NULL,
+    UNIQUE (host, journal, seq_from)
+);
+CREATE INDEX journal_gaps_at ON journal_gaps (at);
+"""
+
 SCHEMA_SQL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE runs (
@@ -128,16 +141,7 @@ CREATE TABLE port_events (
 );
 CREATE INDEX port_events_at ON port_events (at);
 CREATE UNIQUE INDEX port_events_journal ON port_events (host, journal, seq);
-CREATE TABLE journal_gaps (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    host TEXT NOT NULL, journal TEXT NOT NULL,
-    seq_from INTEGER NOT NULL, seq_to INTEGER NOT NULL,
-    UNIQUE (host, journal, seq_from)
-);
-CREATE INDEX journal_gaps_at ON journal_gaps (at);
-CREATE TABLE suppressions (
+{journal_gaps}CREATE TABLE suppressions (
     id INTEGER PRIMARY KEY,
     run_id INTEGER,
     at REAL NOT NULL,
@@ -198,7 +202,7 @@ CREATE TABLE outage_ports (
     rail INTEGER, leaf TEXT, su INTEGER,
     PRIMARY KEY (outage_id, host, hca, port)
 );
-"""
+""".replace("{journal_gaps}", _JOURNAL_GAPS_SQL)
 
 #: SQL that takes a file of the version before each version to it, by the version it reaches.
 MIGRATIONS = {
@@ -206,16 +210,7 @@ MIGRATIONS = {
 ALTER TABLE port_events ADD COLUMN journal TEXT;
 ALTER TABLE port_events ADD COLUMN seq INTEGER;
 CREATE UNIQUE INDEX port_events_journal ON port_events (host, journal, seq);
-CREATE TABLE journal_gaps (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER,
-    at REAL NOT NULL,
-    host TEXT NOT NULL, journal TEXT NOT NULL,
-    seq_from INTEGER NOT NULL, seq_to INTEGER NOT NULL,
-    UNIQUE (host, journal, seq_from)
-);
-CREATE INDEX journal_gaps_at ON journal_gaps (at);
-""",
+{journal_gaps}""".replace("{journal_gaps}", _JOURNAL_GAPS_SQL),
 }
 
 #: Tables whose rows carry ``at`` (retention deletes by it).

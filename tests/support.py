@@ -6,8 +6,11 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +87,25 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def topology_serve(
+    fabric: Path, port: int, log: Path, *, settle_s: float, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``linkguard topology serve`` as a process of its own on the broker at 127.0.0.1:``port``,
+    its output appended to ``log``; ``settle_s``: its start-up settle (s); ``env``: more
+    ``LINKGUARD_*`` settings."""
+    return subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "linkguard"),
+            "topology",
+            "serve",
+            "--fabric",
+            str(fabric),
+            "--broker",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "LINKGUARD_STARTUP_SETTLE_S": f"{settle_s:g}", **(env or {})},
+    )

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time as real_time
 from itertools import accumulate
 from pathlib import Path
@@ -44,7 +42,7 @@ from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import dump_fabric, generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from tests.conftest import start_mosquitto
-from tests.support import until
+from tests.support import topology_serve, until
 
 FABRIC = generate_rail_optimized(hosts=2, rails=2)
 HOSTS = FABRIC.host_names
@@ -198,20 +196,7 @@ async def test_broker_outage_keeps_plan_and_fast_path_then_publishes_current_sta
 
 def _serve(fabric: Path, port: int, log: Path) -> subprocess.Popen:
     """``linkguard topology serve`` on the private broker, as a process of its own."""
-    return subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "linkguard"),
-            "topology",
-            "serve",
-            "--fabric",
-            str(fabric),
-            "--broker",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "LINKGUARD_STARTUP_SETTLE_S": "0.5"},
-    )
+    return topology_serve(fabric, port, log, settle_s=0.5)
 
 
 async def _until_logged(

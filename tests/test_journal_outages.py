@@ -12,10 +12,8 @@ simulated port source. The report is the ledger's own (:meth:`Ledger.report`, wh
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,7 @@ from linkguard.simulations.fleet import agent_settings_for
 from linkguard.topology.fabric import dump_fabric, generate_rail_optimized
 from linkguard.topology.service import TopologyService
 from tests.conftest import start_mosquitto
-from tests.support import until
+from tests.support import topology_serve, until
 
 FABRIC = generate_rail_optimized(hosts=2, rails=2)
 HOSTS = FABRIC.host_names
@@ -54,23 +52,8 @@ def _agent(tmp: Path, host: str, port: int, journal_max_events: int = 1024) -> A
 
 
 def _serve(fabric: Path, port: int, ledger: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "linkguard"),
-            "topology",
-            "serve",
-            "--fabric",
-            str(fabric),
-            "--broker",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={
-            **os.environ,
-            "LINKGUARD_STARTUP_SETTLE_S": "0.2",
-            "LINKGUARD_LEDGER__PATH": str(ledger),
-        },
+    return topology_serve(
+        fabric, port, log, settle_s=0.2, env={"LINKGUARD_LEDGER__PATH": str(ledger)}
     )
 
 
