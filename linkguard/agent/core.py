@@ -96,6 +96,8 @@ class AgentStats:
     #: port events held in the journal unconfirmed; dropped past its bound since the start
     journal_held: int = 0
     journal_dropped: int = 0
+    #: port events sent again because they stayed unconfirmed (journal_resend_after_s)
+    journal_resent: int = 0
 
 
 class AgentCore:
@@ -109,16 +111,20 @@ class AgentCore:
         prefixes: Collection[ipaddress.IPv4Network],
         signed_deletions_only: bool = False,
         term_path: str = "term",
+        journal_resend_s: tuple[float, float] = (5.0, 60.0),
     ) -> None:
         """``netdevs``: this host's rail netdevs; ``prefixes``: the configured endpoint
         prefixes (empty: any destination); ``signed_deletions_only``: the agent verifies
         signatures and requires them, so an (unsigned) deletion of peer routes is ignored;
-        ``term_path``: the term file, named in the deposed-leader hint."""
+        ``term_path``: the term file, named in the deposed-leader hint;
+        ``journal_resend_s``: (first wait, longest wait) before an unconfirmed event goes
+        again (s)."""
         self.host = host
         self.netdevs = set(netdevs)
         self.prefixes = list(prefixes)
         self.signed_deletions_only = signed_deletions_only
         self.term_path = term_path
+        self.journal_resend_s = journal_resend_s
         self.stats = AgentStats()
         #: the highest leader term seen on a plan or peer routes message taken in hand
         self.term = 0
@@ -200,6 +206,19 @@ class AgentCore:
         if self.journal is None:
             return []
         return [PublishEvent(ev, replay=True) for ev in self.journal.pending()]
+
+    def resend_events(self, now: float) -> tuple[list[Effect], float | None]:
+        """The journaled events unconfirmed past their wait at ``now`` (monotonic s), again
+        (:meth:`~linkguard.agent.journal.EventJournal.resend_due`), and when to call again
+        (None: nothing held)."""
+        if self.journal is None:
+            return [], None
+        after, most = self.journal_resend_s
+        events, due = self.journal.resend_due(now, after_s=after, max_s=most)
+        if events:
+            self.stats.journal_resent = self.journal.resent
+            log.info("port_events_resent", count=len(events), seqs=[e.seq for e in events][:20])
+        return [PublishEvent(ev, replay=True) for ev in events], due
 
     def on_events_confirmed(self, msg: EventsConfirmed) -> list[Effect]:
         """``confirmed/<host>``: forget what the service recorded. Not saved at once (one

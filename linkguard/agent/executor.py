@@ -107,6 +107,7 @@ class EffectExecutor:
     outbox: Outbox
     _outbox_wake: asyncio.Event
     _outbox_cut: asyncio.Timeout | None = None
+    _journal_wake: asyncio.Event
     #: whether the retained status last said a state file fails to be written
     _state_write_failing_said: bool = False
     duplicate: HostStatus | None
@@ -195,6 +196,7 @@ class EffectExecutor:
             self.files.save_health(now=time.monotonic(), wall=time.time())
             await self._report_state_writes()
         elif isinstance(e, PersistJournal):
+            self._journal_wake.set()  # new events: the journal-resend task schedules them
             if self.core.journal is not None:
                 self.files.save_journal(self.core.journal)
                 await self._report_state_writes()
