@@ -7,8 +7,9 @@ effects the core returns (:mod:`linkguard.agent.executor`). Channels, ``producer
 - ``watch``: driver observations -> monitor -> core -> effects (fast path, states, events, ...)
 - ``timer``: monitor deadlines (hold-down expiry, penalty decay) -> monitor.tick -> core
 - ``refresh``: monitor snapshot -> bus (every port state, each ``refresh_interval_s``)
-- ``journal-resend``: the journal's events unconfirmed past their wait (core's schedule) ->
-  outbox -> bus; woken by newly journaled events
+- ``resend``: the core's timed decisions (journal events unconfirmed past their wait; a plan
+  request when a newer version than the plan in hand stays unexplained) -> outbox -> bus;
+  woken by newly journaled events and by such a version
 - ``bus``: MQTT session -> :meth:`Agent._on_message` (plans, peer routes, status, probe
   targets; handled in arrival order) -> core -> effects; states/events/acks back out
 - ``outbox``: acks, the status, plan requests and replayed events -> bus, in order, latest
@@ -155,7 +156,8 @@ class Agent(MessageDispatch):
         # handling of bus messages never waits for a PUBACK (linkguard.agent.outbox)
         self.outbox = Outbox()
         self._outbox_wake = asyncio.Event()
-        self._journal_wake = asyncio.Event()  # executor (PersistJournal) -> journal-resend
+        # executor (PersistJournal, CheckBehind) -> resend: the core has something new to time
+        self._resend_wake = asyncio.Event()
         self.bus = bus_factory(
             **s.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
@@ -204,7 +206,7 @@ class Agent(MessageDispatch):
                 tg.create_task(self._watch(), name="watch")
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
-                tg.create_task(self._resend_events(), name="journal-resend")  # journal -> bus
+                tg.create_task(self._resend(), name="resend")  # core's timed decisions -> bus
                 tg.create_task(self._expect_plan(), name="expect-plan")
                 tg.create_task(self.hooks.run(), name="hooks")
                 if self.rails_socket is not None:

@@ -8,10 +8,10 @@ plans, peer routes and status messages handed to :class:`~linkguard.agent.core.A
 (through :mod:`linkguard.agent.inbox`: size, signature, model) and its effects run in order
 (:class:`~linkguard.agent.executor.EffectExecutor`); probe targets handed to the prober; a
 message on any other topic dropped and counted (``unexpected_topic``). Also the port states
-re-published each ``refresh_interval_s``, the journal's unconfirmed events re-sent on its
-schedule and the ``no_plan_yet`` warning. Creates no task: :mod:`linkguard.agent.daemon` (the
-wiring module) runs these in its ``bus``, ``refresh``, ``journal-resend`` and ``expect-plan``
-tasks.
+re-published each ``refresh_interval_s``, the journal's unconfirmed events re-sent and the
+plan asked for when the agent learns it is behind, on the core's schedule, and the
+``no_plan_yet`` warning. Creates no task: :mod:`linkguard.agent.daemon` (the wiring module)
+runs these in its ``bus``, ``refresh``, ``resend`` and ``expect-plan`` tasks.
 """
 
 from __future__ import annotations
@@ -145,15 +145,18 @@ class MessageDispatch(EffectExecutor):
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
 
-    async def _resend_events(self) -> None:
-        """The journal's events still unconfirmed past their wait -> bus again, on the core's
-        schedule (``journal_resend_after_s``, doubling up to ``journal_resend_max_s``); woken
-        when new events are journaled (:class:`~linkguard.agent.effects.PersistJournal`)."""
+    async def _resend(self) -> None:
+        """The core's timed decisions (:meth:`~linkguard.agent.core.AgentCore.due`) -> bus:
+        the journal's events still unconfirmed past their wait (``journal_resend_after_s``,
+        doubling up to ``journal_resend_max_s``) and a plan request when a newer version
+        than the plan in hand stays unexplained (:mod:`linkguard.agent.behind`); woken by
+        newly journaled events and by such a version (:class:`PersistJournal`,
+        :class:`CheckBehind`)."""
         while True:
-            self._journal_wake.clear()
-            effects, due = self.core.resend_events(now=time.monotonic())
+            self._resend_wake.clear()
+            effects, due = self.core.due(now=time.monotonic())
             await self.execute(effects)
             timeout = None if due is None else max(0.0, due - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
-                    await self._journal_wake.wait()
+                    await self._resend_wake.wait()

@@ -23,6 +23,7 @@ from linkguard.agent.applier import Applier
 from linkguard.agent.core import AgentCore, AgentStats
 from linkguard.agent.effects import (
     ApplyPlan,
+    CheckBehind,
     Effect,
     FastPath,
     FlushNeighbours,
@@ -40,6 +41,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    RequestPlan,
     ResendAck,
     ScheduleTimer,
     SendAck,
@@ -107,7 +109,7 @@ class EffectExecutor:
     outbox: Outbox
     _outbox_wake: asyncio.Event
     _outbox_cut: asyncio.Timeout | None = None
-    _journal_wake: asyncio.Event
+    _resend_wake: asyncio.Event
     #: whether the retained status last said a state file fails to be written
     _state_write_failing_said: bool = False
     duplicate: HostStatus | None
@@ -169,6 +171,12 @@ class EffectExecutor:
             if self._announced and last is not None and last.epoch >= e.epoch:
                 log.info("ack_resent", epoch=last.epoch, result=last.result.value)
                 self._post(topics.ack(self.host), encode(last), retain=True)
+        elif isinstance(e, RequestPlan):
+            if self._announced:  # (else the announce asks)
+                req = PlanRequest(host=self.host, epoch=e.epoch, reason=e.reason, at=time.time())
+                self._post(topics.plan_request(self.host), encode(req), retain=False)
+        elif isinstance(e, CheckBehind):
+            self._resend_wake.set()
         elif isinstance(e, PublishState):
             await self._publish_state(e.state)
         elif isinstance(e, PublishEvent):
@@ -196,7 +204,7 @@ class EffectExecutor:
             self.files.save_health(now=time.monotonic(), wall=time.time())
             await self._report_state_writes()
         elif isinstance(e, PersistJournal):
-            self._journal_wake.set()  # new events: the journal-resend task schedules them
+            self._resend_wake.set()  # new events: the resend task schedules them
             if self.core.journal is not None:
                 self.files.save_journal(self.core.journal)
                 await self._report_state_writes()
@@ -248,14 +256,17 @@ class EffectExecutor:
         topic); a newer one of the message in flight stops the wait for the older's PUBACK."""
         self.outbox.put(key or topic, topic, payload, retain=retain)
         self._outbox_wake.set()
-        if self._outbox_cut is not None and self.outbox.superseded():
-            self._outbox_cut.reschedule(0)  # at once: the older one is on the wire already
+        cut = self._outbox_cut  # stop waiting for the PUBACK of the one in flight
+        if cut is not None and not cut.expired():  # (an expired one cannot be rescheduled)
+            cut.reschedule(0)
 
     async def _drain_outbox(self) -> None:
-        """outbox -> bus, one message at a time in order (the wiring's ``outbox`` task). A
-        publish that fails or times out is not repeated: an ack comes again with the
-        service's re-send (:class:`ResendAck`), events with the journal's, the status and
-        plan request with the next connect."""
+        """outbox -> bus, one message at a time in order (the wiring's ``outbox`` task). The
+        wait for a message's PUBACK ends as soon as another one waits (its PUBLISH was handed
+        to the MQTT client before the wait, and the client sends in call order): one lost
+        PUBACK holds back nothing. A publish that fails or times out is not repeated: an ack
+        comes again with the service's re-send (:class:`ResendAck`), events with the
+        journal's, the status and plan request with the next connect."""
         while True:
             await self._outbox_wake.wait()
             item = self.outbox.take()
@@ -263,11 +274,11 @@ class EffectExecutor:
                 self._outbox_wake.clear()
                 continue
             try:
-                async with asyncio.timeout(None) as cut:
+                async with asyncio.timeout(0 if len(self.outbox) else None) as cut:
                     self._outbox_cut = cut
                     await self.bus.publish(item.topic, item.payload, retain=item.retain)
             except TimeoutError:
-                log.debug("outbox_publish_superseded", topic=item.topic)
+                log.debug("outbox_puback_not_awaited", topic=item.topic)
             finally:
                 self._outbox_cut = None
                 self.outbox.done()

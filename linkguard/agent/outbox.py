@@ -12,10 +12,10 @@ Latest wins per key: a message put while an older one of the same key is still w
 replaces it in place (an ack for epoch N is never published after one for N+1: the older is
 gone, or already handed to the bus, whose PUBLISH packets go out in call order). The key of a
 retained message is its topic (only the last one counts); a journal event's is its topic and
-number (a replay of the same event is the same message). :meth:`Outbox.superseded` also tells
-the wiring that the message in flight has a newer one waiting: it stops waiting for the older
-one's PUBACK and publishes the newer (MQTT 3.1.1 section 4.6: a client's PUBLISH packets of one
-QoS reach the broker in the order they were sent).
+number (a replay of the same event is the same message). The wiring waits for the PUBACK of
+the message in flight only while nothing else waits: its PUBLISH is in the MQTT client's queue
+already, and a client's PUBLISH packets reach the broker in the order they were sent (MQTT
+3.1.1 section 4.6), so a lost PUBACK holds back no later message.
 
 Consumes: (key, topic, payload, retain) puts. Produces: the next message to publish
 (:meth:`Outbox.take`). No asyncio, bus or clock.

@@ -52,12 +52,12 @@ def test_a_confirmed_event_is_never_sent_again_and_nothing_held_means_no_timer()
 
 def test_the_core_turns_due_events_into_replayed_publishes() -> None:
     core = AgentCore(host="gpu000", netdevs=[], prefixes=[], journal_resend_s=(2.0, 8.0))
-    assert core.resend_events(0.0) == ([], None)  # no journal
+    assert core.due(0.0) == ([], None)  # no journal
     core.use_journal(EventJournal(JID, limit=8))
     assert core.journal is not None
     core.journal.record([_ev(1.0)])
-    assert core.resend_events(10.0) == ([], 12.0)
-    effects, due = core.resend_events(12.0)
+    assert core.due(10.0) == ([], 12.0)
+    effects, due = core.due(12.0)
     assert [(type(e), e.replay) for e in effects if isinstance(e, PublishEvent)] == [
         (PublishEvent, True)
     ]
