@@ -93,7 +93,7 @@ def test_requests_are_rate_limited() -> None:
     w.due(0.0, held=None)
     assert w.due(GRACE_S, held=None) == (None, None, True)
     assert w.note(0, 6, "peer_routes", held=None)
-    epoch, at, ask = w.due(GRACE_S + 0.1, held=None)
+    _, at, ask = w.due(GRACE_S + 0.1, held=None)
     assert not ask and at == GRACE_S + MIN_INTERVAL_S  # the grace ends sooner: the limit
     assert w.due(GRACE_S + MIN_INTERVAL_S, held=None)[2]
     assert not w.note(0, 0, "peer_routes", held=None)  # nothing newer than (0, 0)
