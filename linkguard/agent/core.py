@@ -394,6 +394,11 @@ class AgentCore:
         if old is not None and (old.term, old.epoch) >= (pr.term, pr.epoch):
             self._stale(topic, pr.epoch, old.epoch)
             return effects
+        outside = [e for e in pr.endpoints if not self._in_scope(e)]
+        if outside:
+            detail = f"endpoints {outside[:4]} outside the configured endpoint prefixes"
+            self.drop(topic, Refusal.OUT_OF_SCOPE.value, detail, len(raw))
+            return effects
         held = self.plan_received  # a newer version than the plan in hand's?
         if (
             held is None
@@ -402,11 +407,6 @@ class AgentCore:
             or pr.term > held.term
         ) and self.behind.note(pr.term, pr.epoch, "peer_routes", held=held):
             effects.append(CheckBehind())
-        outside = [e for e in pr.endpoints if not self._in_scope(e)]
-        if outside:
-            detail = f"endpoints {outside[:4]} outside the configured endpoint prefixes"
-            self.drop(topic, Refusal.OUT_OF_SCOPE.value, detail, len(raw))
-            return effects
         # kept (and persisted) only once it is known to apply: a refused one changes nothing,
         # and the ones that follow it are judged against what was kept
         candidate = {**self.peers, peer: pr}
