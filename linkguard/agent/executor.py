@@ -253,7 +253,7 @@ class EffectExecutor:
     # -- the outbox (linkguard.agent.outbox) ---------------------------------------------
     def _post(self, topic: str, payload: bytes, *, retain: bool, key: str | None = None) -> None:
         """Hand a message to the ``outbox`` task (latest wins per ``key``, default the
-        topic); a newer one of the message in flight stops the wait for the older's PUBACK."""
+        topic); the wait for the PUBACK of the message in flight ends (it is sent already)."""
         self.outbox.put(key or topic, topic, payload, retain=retain)
         self._outbox_wake.set()
         cut = self._outbox_cut  # stop waiting for the PUBACK of the one in flight
@@ -263,10 +263,12 @@ class EffectExecutor:
     async def _drain_outbox(self) -> None:
         """outbox -> bus, one message at a time in order (the wiring's ``outbox`` task). The
         wait for a message's PUBACK ends as soon as another one waits (its PUBLISH was handed
-        to the MQTT client before the wait, and the client sends in call order): one lost
-        PUBACK holds back nothing. A publish that fails or times out is not repeated: an ack
-        comes again with the service's re-send (:class:`ResendAck`), events with the
-        journal's, the status and plan request with the next connect."""
+        to the MQTT client before the wait, and the client sends in call order; both
+        :class:`~linkguard.bus.Bus` and :class:`~linkguard.membus.MemoryBus` hand a message
+        over before their first suspension): one lost PUBACK holds back nothing. A publish
+        that fails or times out is not repeated: an ack comes again with the service's
+        re-send (:class:`ResendAck`), events with the journal's, the status and plan request
+        with the next connect."""
         while True:
             await self._outbox_wake.wait()
             item = self.outbox.take()
