@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.config import BusSettings
 from linkguard.drivers.simulated import MemoryRouteTable
+from linkguard.models import PortStatus
 from linkguard.simulations.fleet import SimulatedFleet, wait_until
 from linkguard.topology.fabric import generate_rail_optimized
 from linkguard.topology.solver import Solver, egress, solve
@@ -104,35 +105,61 @@ async def test_leaf_reboot_flap_storm_is_ridden_out(mosquitto, tmp_path: Path) -
     fabric = generate_rail_optimized(hosts=8, rails=4)
     bus = BusSettings(port=mosquitto.port, reconnect_min_s=0.05)
     damping = DampingPolicy(hold_down_initial_s=0.5, hold_down_max_s=4.0)
-    # debounce 200 ms: the 8 hold-downs end together, but with 50 ms the service was seen
-    # (about 1 run in 4, one event loop running the whole fleet) to re-admit them in two
-    # batches (5 + 3 hosts), i.e. 3 plans for 5 hosts; re-admission is one event. Likewise
-    # the first flap: with the fleet's default initial delay of 0 the first state to arrive
-    # after a quiet bus was solved at once, and on a loaded machine the other hosts' states
-    # came after it (3-4 plans per host); 200 ms lets the 8 first link-downs make one batch
+    # Re-admission is one event, and so is the first flap: the test holds the service to one
+    # plan per host for each. The 8 agents and the service share one event loop (and the
+    # machine with the rest of the suite), so 8 states sent at once reach the service spread
+    # out: up to ~0.5 s on 2 cores with the suite and 3 busy loops beside it (the service takes
+    # its inbox one message at a time, port events and acks in between). The service's
+    # batching (solve.initial_ms for the first down, short_ms for the re-admission; RFC 8405:
+    # what arrives after a solve started is solved again) must outlast that: with 200 ms, 5
+    # runs in 12 under that load re-admitted in two batches (3 + 5 hosts: 3 plans for 3
+    # hosts), with 50 ms 1 in 4 unloaded. 1 s is twice the worst spread seen; each plan comes
+    # 1 s later, which the waits below absorb.
     async with SimulatedFleet(
         fabric,
         bus=bus,
         workdir=tmp_path,
         damping=damping,
-        debounce_ms=200,
-        solve_initial_delay_ms=200,
+        debounce_ms=1000,
+        solve_initial_delay_ms=1000,
     ) as fleet:
         await fleet.wait_all_acked()
         epoch0 = fleet.service.state.epoch
         before = Counter(fleet.service.plans_per_host)
         hosts = [h.host for h in fabric.hosts]
-        for _ in range(4):  # the leaf reboots: its ports bounce four times, 100 ms apart
+        rail1 = {inv.host: next(c for c in inv.hcas if c.rail == 1) for inv in fabric.hosts}
+        key = {h: f"{c.hca}/{c.port}" for h, c in rail1.items()}
+
+        def seen_by_service(h: str, status: PortStatus, flaps: int) -> bool:
+            st = fleet.service.state.ports.get((h, key[h]))
+            return st is not None and st.status == status and st.damping.flaps == flaps
+
+        def seen_by_agent(h: str, status: PortStatus, flaps: int) -> bool:
+            st = fleet.agents[h].monitor.state(key[h])
+            return st is not None and st.status == status and st.damping.flaps == flaps
+
+        for flap in range(1, 5):  # the leaf reboots: its ports bounce four times, 100 ms apart
             for h in hosts:
                 fleet.link_down(h, 1)
+            # every agent saw this flap and its state reached the service before the port
+            # comes back: the rail is unusable everywhere, and no agent still has the down to
+            # publish when it takes the link-up (each agent takes its readings one at a time,
+            # the publishes of the last first: a backlog would start its hold-down late, and
+            # the 8 hold-downs would end spread over more than the service's batching window)
             await wait_until(
-                lambda: fleet.service.state.unusable().keys() == set(hosts),
+                lambda f=flap: all(seen_by_service(h, PortStatus.DOWN, f) for h in hosts),
                 5,
-                "rail 1 down everywhere",
+                f"flap {flap}: rail 1 down everywhere",
             )
+            assert fleet.service.state.unusable() == {h: frozenset({1}) for h in hosts}
             for h in hosts:
                 fleet.link_up(h, 1)
             t_up = time.monotonic()
+            await wait_until(
+                lambda f=flap: all(seen_by_agent(h, PortStatus.HELD_DOWN, f) for h in hosts),
+                5,
+                f"flap {flap}: every agent holding rail 1 down",
+            )
             await wait_until(lambda t=t_up: time.monotonic() - t > 0.1, 1, "100 ms")
         await wait_until(lambda: fleet.service.state.unusable() == {}, 15, "re-admission")
         waited = time.monotonic() - t_up  # from the last link-up
