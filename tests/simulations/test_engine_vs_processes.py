@@ -5,28 +5,23 @@ what ``sim run --bus mosquitto`` runs). Each host must put the same plans in pla
 same order (their content: epochs and issue times are each run's own), and the same ports
 must get the agents' fast path.
 
-In the real run the decisions are recorded where the agent core makes them: the plans of the
-``ApplyPlan`` effects :meth:`AgentCore.on_plan` and :meth:`AgentCore.on_peer_routes` return
-(what the executor puts in the route table), and the fast paths
-:meth:`AgentCore.fast_path_applied` is told were applied (an ack: the plan had a backup).
+In the real run the decisions are recorded where the agent core makes them
+(:mod:`tests.simulations.realdecisions`). The single-link-down run is the one test_live.py
+reads (``single_link_down_over_mosquitto``, made once).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from linkguard.agent.core import AgentCore
-from linkguard.agent.effects import ApplyPlan, Effect
-from linkguard.models import Ack, Plan
+from linkguard.models import Plan
 from linkguard.simulations import live
 from linkguard.simulations.engine import replay
 from linkguard.simulations.scenario import SCENARIOS_DIR, load_scenario
+from tests.simulations.realdecisions import RecordedRun, recording_decisions
 from tests.support import require_binary
 
 
@@ -41,39 +36,11 @@ def distinct(plans: list[Plan]) -> list[Plan]:
     return out
 
 
-def record_real_decisions(
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[dict[str, list[Plan]], list[tuple[str, str]]]:
-    """Wrap the agent core's decisions: plans put in place per host, fast paths taken."""
-    applied: dict[str, list[Plan]] = defaultdict(list)
-    fast: list[tuple[str, str]] = []
-
-    def recording(method: Callable[..., list[Effect]]) -> Callable[..., list[Effect]]:
-        def wrapper(self: AgentCore, *args: Any, **kw: Any) -> list[Effect]:
-            effects = method(self, *args, **kw)
-            applied[self.host] += [e.plan for e in effects if isinstance(e, ApplyPlan)]
-            return effects
-
-        return wrapper
-
-    fast_path_applied = AgentCore.fast_path_applied
-
-    def fast_path(self: AgentCore, port: str, ack: Ack | None) -> list[Effect]:
-        if ack is not None:
-            fast.append((self.host, port))
-        return fast_path_applied(self, port, ack)
-
-    monkeypatch.setattr(AgentCore, "on_plan", recording(AgentCore.on_plan))
-    monkeypatch.setattr(AgentCore, "on_peer_routes", recording(AgentCore.on_peer_routes))
-    monkeypatch.setattr(AgentCore, "fast_path_applied", fast_path)
-    return applied, fast
-
-
 @pytest.mark.real
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["fast-path-only", "single-link-down"])
 def test_engine_and_real_processes_decide_the_same(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     require_binary("mosquitto")
     loaded = load_scenario(SCENARIOS_DIR / f"{name}.yaml")
@@ -83,8 +50,13 @@ def test_engine_and_real_processes_decide_the_same(
     model_fast = [(f["host"], f["port"]) for f in model.fast_paths]
     assert model_fast, "the scenario must exercise the fast path"
 
-    applied, real_fast = record_real_decisions(monkeypatch)
-    real = asyncio.run(live.run(loaded, bus="mosquitto", workdir=tmp_path))
+    if name == "single-link-down":  # the run test_live.py reads too: made once
+        run: RecordedRun = request.getfixturevalue("single_link_down_over_mosquitto")
+    else:
+        with recording_decisions() as (applied, fast):
+            report = asyncio.run(live.run(loaded, bus="mosquitto", workdir=tmp_path))
+        run = RecordedRun(report, dict(applied), list(fast))
+    real, applied, real_fast = run.report, run.applied, run.fast
     assert real.passed, real.failures
     # `expect: fast_path` held in both (the real run: every one-host port fault was acked)
     for report in (model, real):

@@ -4,7 +4,6 @@ the routes the agents installed."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -23,6 +22,7 @@ from linkguard.simulations.live import (
 )
 from linkguard.simulations.scenario import SCENARIOS_DIR, load_scenario
 from linkguard.topology.generator import generate_rail_optimized
+from tests.simulations.realdecisions import RecordedRun
 from tests.support import require_binary
 
 HOSTS4 = [f"gpu00{i}" for i in range(4)]
@@ -32,11 +32,11 @@ def golden(name: str):
     return load_scenario(SCENARIOS_DIR / f"{name}.yaml")
 
 
-@pytest.fixture(scope="module")
-def single_link_down_mosquitto(tmp_path_factory: pytest.TempPathFactory) -> LiveReport:
-    """single-link-down over Mosquitto, run once for the tests that read it."""
-    require_binary("mosquitto")
-    return asyncio.run(run(golden("single-link-down"), workdir=tmp_path_factory.mktemp("live")))
+@pytest.fixture
+def single_link_down_mosquitto(single_link_down_over_mosquitto: RecordedRun) -> LiveReport:
+    """single-link-down over Mosquitto, run once for the tests that read it (here and in
+    test_engine_vs_processes.py: ``tests/simulations/conftest.py``)."""
+    return single_link_down_over_mosquitto.report
 
 
 # -- pure parts ----------------------------------------------------------------------------
