@@ -198,10 +198,15 @@ def _remove(parent: ET.Element, child: ET.Element) -> None:
     parent.remove(child)
 
 
+#: the child elements that make a ``<pci>`` more than a bare device; NCCL's reader (xml.cc,
+#: ``ncclTopoXmlLoadPci``) and :func:`~linkguard.layout.parse_nccl_topo` skip any other
+_DEVICE_TAGS = frozenset({"pci", "gpu", "nic", "cpu"})
+
+
 def _empty(el: ET.Element) -> bool:
-    """No child element but comments: how :func:`~linkguard.layout.parse_nccl_topo` (which
-    drops comments) and NCCL read it."""
-    return all(c.tag is ET.Comment for c in el)
+    """No ``<pci>``/``<gpu>``/``<nic>``/``<cpu>`` child, only comments or elements NCCL skips:
+    how :func:`~linkguard.layout.parse_nccl_topo` and NCCL read it (a bare device)."""
+    return not any(c.tag in _DEVICE_TAGS for c in el)
 
 
 def _prune(el: ET.Element, parents: dict[ET.Element, ET.Element]) -> None:

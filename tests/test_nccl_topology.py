@@ -256,3 +256,44 @@ def test_a_nic_class_pci_left_with_only_a_comment_is_pruned_not_read_as_a_nic() 
     assert out.nics == ()
     assert "0000:c3:00.0" not in out.xml and "0000:10:1c.0" in out.xml
     assert parse_nccl_topo(out.xml, source="rendered").nics == ()
+
+
+def test_a_nic_class_pci_left_with_only_an_unknown_element_is_pruned_not_read_as_a_nic() -> None:
+    """A fuzz find (the p5 file with the p4d file spliced into a NIC's <pci>): the NIC-class
+    <pci> 0000:61:00.0 holds a <nic> and an element NCCL skips (here a nested <system>).
+    Removing the unusable NIC left it with that element only, which parse_nccl_topo (as NCCL's
+    xml.cc) ignores, so it read as a bare NIC without a dev beside NICs with one and the
+    rendered file no longer parsed. It is pruned like an empty one."""
+    from linkguard.layout import parse_nccl_topo
+
+    src = (
+        '<system version="1"><cpu numaid="0" affinity="000000ff" arch="x86_64">'
+        '<pci busid="0000:60:00.0" class="0x030200"><gpu dev="0" rank="0"/></pci>'
+        '<pci busid="0000:61:00.0" class="0x020000"><system version="1"><cpu numaid="1">'
+        '<pci busid="0000:a0:1b.0" class="0x020000"/></cpu></system>'
+        '<nic><net name="rdmap97s0" dev="0" port="1"/></nic></pci>'
+        '<pci busid="0000:62:00.0" class="0x020000">'
+        '<nic><net name="rdmap98s0" dev="1" port="1"/></nic></pci>'
+        "</cpu></system>"
+    )
+    before = parse_nccl_topo(src, source="in").nics
+    assert [(n.index, n.name) for n in before] == [(0, "rdmap97s0"), (1, "rdmap98s0")]
+    verdict = PortVerdict(
+        hca="rdmap97s0",
+        port=1,
+        rail=0,
+        link_layer="infiniband",
+        numa_node=None,
+        pcie_switch=None,
+        pci_address="0000:61:00.0",
+        usable=False,
+        why="down",
+        rate_gbps=None,
+        expected_gbps=None,
+    )
+    out = render_topology(src, [verdict], name="spliced")
+    assert out.removed == ("rdmap97s0/1",)
+    assert out.nics == ("rdmap98s0",)
+    assert "0000:61:00.0" not in out.xml and "0000:62:00.0" in out.xml
+    after = parse_nccl_topo(out.xml, source="rendered").nics
+    assert [(n.index, n.name, n.bdf) for n in after] == [(1, "rdmap98s0", "0000:62:00.0")]

@@ -129,3 +129,19 @@ def test_a_real_down_is_still_acted_on(fleet: LiveFleet) -> None:
     target = inv.endpoints[home_rails(inv).index(1)]
     assert 1 in service.state.unusable()[H1]
     assert 1 not in egress(agent.applier.plan, target)
+
+
+def test_the_fuzz_fleet_decodes_past_the_production_host_budget(fleet: LiveFleet) -> None:
+    """A fuzz find (the `bus` target, CI): the fuzzer sends as a few hosts, far past a host's
+    production budget (256 topics, 200 messages/s), so the service dropped messages before
+    decoding them (counted in ``budget_dropped``, not ``dropped``) and the decoders went
+    unfuzzed. The fuzz fleet's budget is out of the way: junk on 300 new port topics of one
+    host is decoded and counted as undecodable, every one; none is dropped by the budget."""
+    assert fleet.fleet is not None
+    svc = fleet.fleet.service
+    budget_before = sum(svc.budget_dropped.values())
+    before = sum(svc.dropped.values())
+    for i in range(300):
+        assert fleet.deliver(topics.port_state(H0, f"fz{i}", 1), b"\xff not json")
+    assert sum(svc.dropped.values()) - before == 300
+    assert sum(svc.budget_dropped.values()) == budget_before
