@@ -341,9 +341,11 @@ class MemoryBus(BusLife):
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
         timeout_s: float = 10.0,
+        puback_wait: bool = True,
     ) -> None:
-        # nothing to reach, encrypt, authenticate or time out
+        # nothing to reach, encrypt, authenticate or time out; delivery is at once
         del host, port, brokers, subscribe_qos, username, password, tls, keepalive_s, timeout_s
+        del puback_wait
         self._broker = broker
         self._client_id = client_id
         self._subscriptions = list(subscriptions)

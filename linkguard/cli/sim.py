@@ -297,6 +297,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
 
     from linkguard.logs import configure_logging
     from linkguard.simulations.lab import LabError
+    from linkguard.simulations.labchaos import LabChaosReport, run_lab_chaos
     from linkguard.simulations.labprocs import LabProcessError
     from linkguard.simulations.labrun import (
         LabPair,
@@ -315,6 +316,8 @@ def _sim_lab(args: argparse.Namespace) -> int:
         check_lab_scenario(loaded, agent_settings=agent_settings)
     except (ScenarioError, LabRunError) as exc:
         return fail(str(exc), 2)
+    if loaded.scenario.chaos is not None and args.no_linkguard:
+        return fail("--no-linkguard: a chaos: scenario checks linkguard itself", 2)
     if args.no_linkguard and args.skip_baseline:
         return fail("--no-linkguard runs only the baseline, --skip-baseline skips it", 2)
     if args.workdir is not None:  # before any namespace exists: a clear error, nothing built
@@ -324,7 +327,15 @@ def _sim_lab(args: argparse.Namespace) -> int:
             return fail(f"--workdir {args.workdir}: {exc.strerror or exc}", 2)
     _quiet_sim_logging(configure_logging)
 
-    async def main() -> LabReport | LabPair:
+    async def main() -> LabReport | LabPair | LabChaosReport:
+        if loaded.scenario.chaos is not None:  # the seeded storm behind the chaos proxy
+            return await run_lab_chaos(
+                loaded,
+                workdir=args.workdir,
+                keep=args.keep,
+                progress=lab_progress(),
+                agent_settings=agent_settings,
+            )
         if loaded.scenario.job is not None:  # both halves in one run, unless told
             halves = (False,) if args.no_linkguard else (True,) if args.skip_baseline else None
             return await run_lab_halves(
