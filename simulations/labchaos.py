@@ -137,6 +137,11 @@ class LabChaosReport(BaseModel):
     )
     events_journaled: int = 0
     events_missing_until_reconnect: int = 0
+    ports_stale_until_reconnect: int = Field(
+        0,
+        description="ports whose state on the bus was not the kernel's once the hosts "
+        "converged (a lost publish: an agent publishes its states again on a reconnect)",
+    )
     events_lost: int = 0
     events_duplicated: int = 0
     events_time_mismatch: int = 0
@@ -163,7 +168,8 @@ class LabChaosReport(BaseModel):
             f"{self.startup_s} s; link-down to agent event at most {self.detect_max_ms} ms",
             f"  events: journaled {self.events_journaled}, missing until a reconnect "
             f"{self.events_missing_until_reconnect}, lost {self.events_lost}, duplicated "
-            f"{self.events_duplicated}, re-timed {self.events_time_mismatch}",
+            f"{self.events_duplicated}, re-timed {self.events_time_mismatch}; port states "
+            f"stale until a reconnect {self.ports_stale_until_reconnect}",
             f"  routes checked {self.routes_checked} (every table of every host namespace); "
             f"report: {self.outages} outages for {self.episodes} port down episodes",
         ]
@@ -299,21 +305,19 @@ class _Run:
         self.kernel += [(e.host, e.rail, e.action, wall) for e in batch]
 
     async def converge(self) -> None:
-        """Check 1 (module docstring)."""
+        """Check 1 (module docstring): until every host acked what it is owed and no plan
+        came for :data:`QUIET_S` (the hold-downs after the heal re-plan), or the deadline."""
         end, deadline = time.monotonic(), self.spec.within_s + MARGIN_S
-        total = sum(len(h.hcas) for h in self.fabric.hosts)
         since: dict[str, float | None] = dict.fromkeys(self.names)
         while True:
             now = time.monotonic()
-            usable = len(self.obs.ports) >= total and all(
-                st.usable for _, st in self.obs.ports.values()
-            )
             for h in self.names:
-                if not (usable and _acked(self.obs, h)):
+                if not _acked(self.obs, h):
                     since[h] = None
                 elif since[h] is None:
                     since[h] = round(max(0.0, now - end), 3)
-            if all(t is not None for t in since.values()) or now - end > deadline:
+            settled = now - self.obs.last_plan_at >= QUIET_S
+            if (settled and all(t is not None for t in since.values())) or now - end > deadline:
                 break
             self.procs.check_alive()
             await asyncio.sleep(POLL_S)
@@ -324,13 +328,19 @@ class _Run:
         r.convergence_max_s = max(times) if times else None
         late = sorted(h for h, t in since.items() if t is None or t > self.spec.within_s)
         if late:
-            down = sorted(f"{h} rail {rl}" for (h, rl), (_, st) in self.obs.ports.items()
-                          if not st.usable)  # fmt: skip
             r.failures.append(
                 f"hosts not acking the service's current epoch within {self.spec.within_s:g} s "
-                f"of the storm's end: {', '.join(late)} (ports not usable on the bus: "
-                f"{', '.join(down) or 'none'})\n{self.obs.summary(late)}"
+                f"of the storm's end: {', '.join(late)}\n{self.obs.summary(late)}"
             )
+
+    def _stale(self) -> list[str]:
+        """Ports whose latest state on the bus (what the service has) is not usable, though
+        the storm healed every one in the kernel."""
+        total = sum(len(h.hcas) for h in self.fabric.hosts)
+        seen = {(h, rl): st for (h, rl), (_, st) in self.obs.ports.items()}
+        out = [f"{h} rail {rl} ({st.status.value})" for (h, rl), st in sorted(seen.items())
+               if not st.usable]  # fmt: skip
+        return out if len(seen) >= total else [*out, f"{total - len(seen)} never reported"]
 
     def _journals(self) -> dict[str, dict[str, Any]]:
         out = {}
@@ -358,18 +368,31 @@ class _Run:
         return len(self._journaled() - {(h, j, s) for h, j, s in rows})
 
     async def confirm(self) -> None:
-        """Every journaled event in the ledger; else one cut of every agent connection (the
-        agents replay what the service has not confirmed on a reconnect) and a second wait."""
+        """Every journaled event in the ledger and every port's state on the bus usable (the
+        kernel's); else one cut of every agent connection (on a reconnect the agents replay
+        what the service has not confirmed and publish their port states again) and a second
+        wait; what is still missing or stale then fails the run."""
+
+        def done() -> bool:
+            return self._missing() == 0 and not self._stale()
+
         with contextlib.suppress(LabProcessError):
-            await until(lambda: self._missing() == 0, CONFIRM_S, "events in the ledger")
-        missing = self._missing()
-        self.report.events_missing_until_reconnect = max(missing, 0)
-        if missing:
-            self.say(f"{missing} events not in the ledger: cutting every agent connection "
-                     "once (they replay on reconnect)")  # fmt: skip
+            await until(done, CONFIRM_S, "events in the ledger, port states current")
+        r = self.report
+        r.events_missing_until_reconnect = max(self._missing(), 0)
+        r.ports_stale_until_reconnect = len(self._stale())
+        if not done():
+            self.say(f"{r.events_missing_until_reconnect} events not in the ledger, "
+                     f"{r.ports_stale_until_reconnect} port states stale: cutting every agent "
+                     "connection once (they replay and publish again on reconnect)")  # fmt: skip
             self.proxy.cut()
             with contextlib.suppress(LabProcessError):
-                await until(lambda: self._missing() == 0, self.spec.within_s, "events")
+                await until(done, self.spec.within_s, "events and port states after a reconnect")
+        if stale := self._stale():
+            r.failures.append(
+                "the service's port states are not the kernel's after a reconnect: "
+                + ", ".join(stale)
+            )
 
     async def routes(self) -> None:
         """Check 3 (module docstring), once the bus was quiet for :data:`QUIET_S`."""
