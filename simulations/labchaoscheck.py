@@ -106,12 +106,17 @@ def route_problems(host: str, want: Counter, rows: Iterable[Mapping[str, Any]]) 
 
 
 def rule_problems(host: str, rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    """``ip -4 -j rule show`` rows: no rule twice (same priority, selector and table)."""
+    """``ip -4 -j rule show`` rows: no two rules with the same selector and table at different
+    priorities (the kernel refuses an exact duplicate; one left behind at another priority
+    is a leak)."""
     seen = Counter(
-        tuple(sorted((k, str(v)) for k, v in row.items() if k != "flags")) for row in rows
+        tuple(sorted((k, str(v)) for k, v in row.items() if k not in ("flags", "priority")))
+        for row in rows
     )
     return [
-        f"{host}: duplicated policy rule ({n} times): {dict(k)}" for k, n in seen.items() if n > 1
+        f"{host}: policy rule {n} times (at different priorities): {dict(k)}"
+        for k, n in seen.items()
+        if n > 1
     ]
 
 
@@ -167,14 +172,19 @@ def outage_problems(
     out = []
     for ep in episodes:
         key = (ep.host, ep.hca, ep.port)
-        cands = [
-            o for oid, o in by_id.items()
-            if key in ports.get(oid, ()) and o["at"] <= ep.down_at + TIME_TOLERANCE_S
-        ]  # fmt: skip
-        if not cands:
+        have = [o for oid, o in by_id.items() if key in ports.get(oid, ())]
+        before = [o for o in have if o["at"] <= ep.down_at + TIME_TOLERANCE_S]
+        if not have:
             out.append(f"{ep.host} {ep.hca}/{ep.port} down at {ep.down_at:.3f}: in no outage")
             continue
-        mine.setdefault(int(max(cands, key=lambda o: o["at"])["id"]), []).append(ep)
+        # the outage of its port that started last at or before it; else (started late) the
+        # nearest one, whose start the check below then names
+        pick = (
+            max(before, key=lambda o: o["at"])
+            if before
+            else min(have, key=lambda o: abs(o["at"] - ep.down_at))
+        )
+        mine.setdefault(int(pick["id"]), []).append(ep)
     for oid, o in sorted(by_id.items()):
         eps = mine.get(oid)
         if not eps:
