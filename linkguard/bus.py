@@ -191,7 +191,13 @@ class BusSession(Protocol):
     async def close(self) -> None: ...
     async def wait_connected(self, timeout: float) -> None: ...
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool: ...
 
 
@@ -317,10 +323,17 @@ class Bus(BusLife):
             ) from None
 
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool:
         """Publish (QoS 1 unless told). False when not connected or the publish failed.
-        With ``puback_wait`` False (the constructor's) a QoS 1 publish returns once the
+        ``wait_puback``: wait for a QoS 1 PUBACK (up to ``timeout_s``) or not; None: the
+        constructor's ``puback_wait``. Without waiting, a QoS 1 publish returns once the
         client has it (sent, or queued behind :data:`MAX_INFLIGHT` others) and its PUBACK
         is waited for by nobody: a PUBACK that never comes on a connection that stays up
         (a broker that lost the message, a half-open connection before the keepalive ends
@@ -330,7 +343,7 @@ class Bus(BusLife):
         if client is None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)
             return False
-        if qos and not self._puback_wait:
+        if qos and not (self._puback_wait if wait_puback is None else wait_puback):
             # paho's publish only queues the packet (non-blocking); aiomqtt's would then wait
             # for the PUBACK up to timeout_s (10 s) before returning
             info = client._client.publish(topic, payload, qos, retain)

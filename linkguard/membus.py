@@ -370,11 +370,19 @@ class MemoryBus(BusLife):
             await self.connected.wait()
 
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool:
         """Publish; False (message dropped) when not connected. ValueError on a topic with
         wildcards, an empty topic or a QoS outside 0..2. Yields to the loop once, as a
-        network publish does."""
+        network publish does (``wait_puback``: :class:`~linkguard.bus.Bus`'s; delivery here
+        is at once)."""
+        del wait_puback
         session = self._session_now
         if session is None or session.dropped is not None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)

@@ -9,7 +9,7 @@ the proxy's rules it describes are :mod:`linkguard.simulations.chaosstorm`'s
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ChaosSpec"]
 
@@ -55,3 +55,12 @@ class ChaosSpec(BaseModel):
         le=3600,
         description="the service's convergence.resend_max_s for the run (s; production default 60)",
     )
+
+    @model_validator(mode="after")
+    def _resend_order(self) -> ChaosSpec:
+        if self.resend_max_s < self.resend_after_s:
+            raise ValueError(
+                f"chaos.resend_max_s {self.resend_max_s:g} is below resend_after_s "
+                f"{self.resend_after_s:g}"
+            )
+        return self

@@ -210,6 +210,7 @@ class Agent(MessageDispatch):
                                 topics.status(self.host),
                                 encode(self._status(online=False, reason="stopped")),
                                 retain=True,
+                                wait_puback=True,  # taken before the disconnect: no will
                             )
                 raise _Stopped
         except* _Stopped:

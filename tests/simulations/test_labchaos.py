@@ -161,6 +161,9 @@ def test_the_chaos_section_is_validated(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text(text.replace("storm_s: 5", "storm_s: 45"))
     with pytest.raises(ScenarioError, match="longer than duration_s"):
         load_scenario(tmp_path / "s.yaml")
+    (tmp_path / "r.yaml").write_text(text + "  resend_after_s: 3\n")
+    with pytest.raises(ScenarioError, match="resend_max_s 2 is below resend_after_s 3"):
+        load_scenario(tmp_path / "r.yaml")
 
 
 def test_sim_run_sends_a_chaos_scenario_to_the_lab(capsys) -> None:
