@@ -66,3 +66,37 @@ async def test_a_publish_nobody_acks_does_not_hold_the_next_port_change(tmp_path
                 proxy.rules = []
                 proxy.cut()  # the agent replays what the service has not confirmed
                 await until(lambda: not journal.held, "the journal confirmed", 15)
+
+
+async def test_a_port_back_up_leaves_its_fast_path_even_if_the_service_never_saw_it(
+    tmp_path: Path,
+) -> None:
+    """Found by the lab chaos run: a port went down and came back while its states never
+    reached the service (lost on the way; a flap the solve back-off folds away does the same).
+    The service, unaware, sends no next plan; the agent kept the port's backup overlaid for
+    good (there: every endpoint subnet ``unreachable``, both ports up, its epoch acked). Now
+    the overlay comes off when the agent's own hold-down ends."""
+    require_binary("mosquitto")
+    fabric = generate_rail_optimized(hosts=2, rails=2)
+    host = fabric.host_names[0]
+    quick = {"reconnect_min_s": 0.05, "reconnect_max_s": 0.5}
+    with MosquittoProcess(tmp_path / "broker") as broker:
+        async with ChaosProxy(broker.host, broker.port, seed=1) as proxy:
+            fleet = SimulatedFleet(
+                fabric,
+                bus=BusSettings(port=broker.port, **quick),
+                agent_bus=BusSettings(port=proxy.port, **quick),
+                workdir=tmp_path,
+                damping=DampingPolicy(hold_down_initial_s=0.2, hold_down_max_s=0.5),
+            )
+            async with fleet:
+                await fleet.wait_all_acked(timeout=30)
+                table, epoch = fleet.tables[host], fleet.service.state.published[host].epoch
+                nominal = dict(table.routes)
+                proxy.rules = [Rule("drop", "up", f"linkguard/v1/hosts/{host}/#")]
+                fleet.link_down(host, 0)
+                await until(lambda: table.routes != nominal, "the fast path", 5)
+                fleet.link_up(host, 0)
+                await until(lambda: table.routes == nominal, "the plan's own routes back", 5)
+                assert fleet.service.state.published[host].epoch == epoch  # no plan came
+                assert fleet.agents[host].applier.locally_down == set()
