@@ -22,7 +22,7 @@ STARTERS = {"create_task", "ensure_future"}
 WIRING = {
     # the TaskGroup's bus, watch, timer, refresh, expect-plan, hooks, rails-socket, probes;
     # announce (restarted on each connect) and neighbour-flush (a fast path's, awaited)
-    "linkguard/agent/daemon.py": 10,
+    "linkguard/agent/daemon.py": 12,
     # the TaskGroup's bus, solver, auditor, route_around, resender, convergence, leader, stop,
     # prober, api; reissue:<topic> (one per foreign message being answered, cancelled at the end)
     "topology/service.py": 11,

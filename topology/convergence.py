@@ -126,12 +126,14 @@ class Convergence:
         return max(sent, self.online_since.get(host, sent))
 
     def tick(self, now: float) -> tuple[list[Effect], float | None]:
-        """Re-send to every online host past its deadline. Returns the effects and when the
-        next re-send is due (monotonic s; None: nobody owes an ack)."""
+        """Re-send to every online host past its deadline, in one :class:`PublishPlans` (each
+        peer routes message once, however many hosts need it). Returns the effects and when
+        the next re-send is due (monotonic s; None: nobody owes an ack)."""
         after, cap = self.settings.resend_after_s, self.settings.resend_max_s
         out: list[Effect] = []
         due: float | None = None
         owing = set()
+        resend: list[str] = []
         for host in sorted(self.state.host_names):
             epoch = self._owes(host)
             if epoch is None:
@@ -154,11 +156,13 @@ class Convergence:
                     "or ack lost on the bus (QoS 0), or an agent stuck applying; re-sent",
                 }
                 out.append(Log("warning", "host_not_acking", fields))
-                out += self._resend([host], "resend")
+                resend.append(host)
             due = owed.next_at if due is None else min(due, owed.next_at)
         for host in set(self._owed) - owing:
             del self._owed[host]
-        return out, due
+        # one publish of each peer routes message for all the hosts due: every host gets
+        # each one (peers/+), so one per host due sent each to every host again (n^2)
+        return out + self._resend(resend, "resend"), due
 
     def on_request(self, req: PlanRequest, now: float) -> tuple[list[Effect], str | None]:
         """An agent's plan request at ``now``: its plan and peer routes again when the epoch

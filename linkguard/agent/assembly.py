@@ -338,6 +338,7 @@ def make_core(
         prefixes=settings.endpoint_prefixes,
         signed_deletions_only=verifier is not None and settings.require_signed_plans,
         term_path=term_path,
+        journal_resend_s=(settings.journal_resend_after_s, settings.journal_resend_max_s),
     )
 
 

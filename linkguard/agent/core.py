@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from linkguard.agent.behind import BehindWatch
 from linkguard.agent.effects import (
     ApplyPlan,
+    CheckBehind,
     Effect,
     FastPath,
     FlushNeighbours,
@@ -54,6 +56,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    RequestPlan,
     ResendAck,
     ScheduleTimer,
     SendAck,
@@ -96,6 +99,8 @@ class AgentStats:
     #: port events held in the journal unconfirmed; dropped past its bound since the start
     journal_held: int = 0
     journal_dropped: int = 0
+    #: port events sent again because they stayed unconfirmed (journal_resend_after_s)
+    journal_resent: int = 0
 
 
 class AgentCore:
@@ -109,16 +114,20 @@ class AgentCore:
         prefixes: Collection[ipaddress.IPv4Network],
         signed_deletions_only: bool = False,
         term_path: str = "term",
+        journal_resend_s: tuple[float, float] = (5.0, 60.0),
     ) -> None:
         """``netdevs``: this host's rail netdevs; ``prefixes``: the configured endpoint
         prefixes (empty: any destination); ``signed_deletions_only``: the agent verifies
         signatures and requires them, so an (unsigned) deletion of peer routes is ignored;
-        ``term_path``: the term file, named in the deposed-leader hint."""
+        ``term_path``: the term file, named in the deposed-leader hint;
+        ``journal_resend_s``: (first wait, longest wait) before an unconfirmed event goes
+        again (s)."""
         self.host = host
         self.netdevs = set(netdevs)
         self.prefixes = list(prefixes)
         self.signed_deletions_only = signed_deletions_only
         self.term_path = term_path
+        self.journal_resend_s = journal_resend_s
         self.stats = AgentStats()
         #: the highest leader term seen on a plan or peer routes message taken in hand
         self.term = 0
@@ -130,6 +139,8 @@ class AgentCore:
         self.journal: EventJournal | None = None
         #: (instance, started_at) of the last online service seen on ``service/status``
         self.service_seen: tuple[str | None, float | None] | None = None
+        #: evidence that the plan in hand is old (linkguard.agent.behind)
+        self.behind = BehindWatch()
         self._cleared_logged = False  # plan_cleared said since the last plan
 
     # -- start ---------------------------------------------------------------------------
@@ -201,6 +212,31 @@ class AgentCore:
             return []
         return [PublishEvent(ev, replay=True) for ev in self.journal.pending()]
 
+    def due(self, now: float) -> tuple[list[Effect], float | None]:
+        """What is due at ``now`` (monotonic s): the journaled events unconfirmed past their
+        wait, again (:meth:`~linkguard.agent.journal.EventJournal.resend_due`), and a plan
+        request when the plan in hand is still older than a version seen elsewhere
+        (:mod:`linkguard.agent.behind`); and when to call again (None: nothing pending)."""
+        effects: list[Effect] = []
+        due: float | None = None
+        held = self.plan_received
+        source, evidence = self.behind.source, self.behind.evidence
+        epoch, behind_at, ask = self.behind.due(now, held=held)
+        if ask:
+            log.info("plan_behind", have=epoch, seen=evidence, source=source, action="asking")
+            effects.append(RequestPlan(epoch, "behind"))
+        if self.journal is not None:
+            after, most = self.journal_resend_s
+            events, due = self.journal.resend_due(now, after_s=after, max_s=most)
+            if events:
+                self.stats.journal_resent = self.journal.resent
+                seqs = [e.seq for e in events][:20]
+                log.info("port_events_resent", count=len(events), seqs=seqs)
+            effects += [PublishEvent(ev, replay=True) for ev in events]
+        if behind_at is not None:
+            due = behind_at if due is None else min(due, behind_at)
+        return effects, due
+
     def on_events_confirmed(self, msg: EventsConfirmed) -> list[Effect]:
         """``confirmed/<host>``: forget what the service recorded. Not saved at once (one
         disk write per event is enough): the file catches up with the next event, and what
@@ -222,11 +258,16 @@ class AgentCore:
         only names the service: this agent's own announce replays."""
         if not seen.online:
             return []
+        wake: list[Effect] = []
+        if seen.role == "leader" and seen.term is not None:  # a new leader's plans are due
+            held = self.plan_received
+            if held is not None and self.behind.note(seen.term, 0, "service_status", held=held):
+                wake.append(CheckBehind())
         ident, before = (seen.instance, seen.started_at), self.service_seen
         self.service_seen = ident
         if retained and before in (None, ident):
-            return []
-        return self.replay_events()
+            return wake
+        return wake + self.replay_events()
 
     # -- presence ------------------------------------------------------------------------
     def on_status(self, seen: HostStatus, *, me: Me, retained: bool) -> list[Effect]:
@@ -358,6 +399,14 @@ class AgentCore:
             detail = f"endpoints {outside[:4]} outside the configured endpoint prefixes"
             self.drop(topic, Refusal.OUT_OF_SCOPE.value, detail, len(raw))
             return effects
+        held = self.plan_received  # a newer version than the plan in hand's?
+        if (
+            held is None
+            or held.shared is None
+            or (pr.host == self.host and pr.classes)
+            or pr.term > held.term
+        ) and self.behind.note(pr.term, pr.epoch, "peer_routes", held=held):
+            effects.append(CheckBehind())
         # kept (and persisted) only once it is known to apply: a refused one changes nothing,
         # and the ones that follow it are judged against what was kept
         candidate = {**self.peers, peer: pr}

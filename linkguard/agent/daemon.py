@@ -7,8 +7,13 @@ effects the core returns (:mod:`linkguard.agent.executor`). Channels, ``producer
 - ``watch``: driver observations -> monitor -> core -> effects (fast path, states, events, ...)
 - ``timer``: monitor deadlines (hold-down expiry, penalty decay) -> monitor.tick -> core
 - ``refresh``: monitor snapshot -> bus (every port state, each ``refresh_interval_s``)
+- ``resend``: the core's timed decisions (journal events unconfirmed past their wait; a plan
+  request when a newer version than the plan in hand stays unexplained) -> outbox -> bus;
+  woken by newly journaled events and by such a version
 - ``bus``: MQTT session -> :meth:`Agent._on_message` (plans, peer routes, status, probe
   targets; handled in arrival order) -> core -> effects; states/events/acks back out
+- ``outbox``: acks, the status, plan requests and replayed events -> bus, in order, latest
+  wins per topic (:mod:`linkguard.agent.outbox`): handling a message never waits for a PUBACK
 - ``hooks`` and ``rails-socket``: rail changes (:mod:`linkguard.agent.railmap`) -> job-facing
   commands (:mod:`linkguard.agent.hooks`) and local subscribers
   (:mod:`linkguard.agent.localsub`); the event loop never waits for them
@@ -60,6 +65,7 @@ from linkguard.agent.effects import FlushNeighbours
 from linkguard.agent.hooks import HookRunner
 from linkguard.agent.inventory import DiscoveredPort
 from linkguard.agent.monitor import MonitorOutput
+from linkguard.agent.outbox import Outbox
 from linkguard.agent.railmap import RailChanges
 from linkguard.agent.statefiles import StateFiles
 from linkguard.bus import Bus, BusSession, Will
@@ -146,6 +152,12 @@ class Agent(MessageDispatch):
         self.duplicate: HostStatus | None = None
         self._announcer: asyncio.Task[None] | None = None
         self._announced = False  # states, events and acks wait for the presence check
+        # executor (acks, status, plan requests, replayed events) -> outbox -> bus: the
+        # handling of bus messages never waits for a PUBACK (linkguard.agent.outbox)
+        self.outbox = Outbox()
+        self._outbox_wake = asyncio.Event()
+        # executor (PersistJournal, CheckBehind) -> resend: the core has something new to time
+        self._resend_wake = asyncio.Event()
         self.bus = bus_factory(
             **s.bus.connection(),
             client_id=f"linkguard-agent-{self.host}-{self.me.instance}",
@@ -193,9 +205,11 @@ class Agent(MessageDispatch):
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._receive(), name="bus")  # bus -> core, prober
+                tg.create_task(self._drain_outbox(), name="outbox")  # executor -> outbox -> bus
                 tg.create_task(self._watch(), name="watch")
                 tg.create_task(self._timer(), name="timer")
                 tg.create_task(self._refresh(), name="refresh")
+                tg.create_task(self._resend(), name="resend")  # core's timed decisions -> bus
                 tg.create_task(self._expect_plan(), name="expect-plan")
                 tg.create_task(self.hooks.run(), name="hooks")
                 if self.rails_socket is not None:
@@ -203,6 +217,7 @@ class Agent(MessageDispatch):
                 if self.prober is not None:  # probes -> bus
                     tg.create_task(self.prober.run(self._publish_probes), name="probes")
                 await self._stop.wait()
+                self.outbox.clear()  # nothing queued goes out after the last status
                 if self.duplicate is None:  # never mark the other instance offline
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(2):

@@ -8,15 +8,16 @@ plans, peer routes and status messages handed to :class:`~linkguard.agent.core.A
 (through :mod:`linkguard.agent.inbox`: size, signature, model) and its effects run in order
 (:class:`~linkguard.agent.executor.EffectExecutor`); probe targets handed to the prober; a
 message on any other topic dropped and counted (``unexpected_topic``). Also the port states
-(and the journal's unconfirmed events) re-published each ``refresh_interval_s`` and the
-``no_plan_yet`` warning. Creates no task:
-:mod:`linkguard.agent.daemon` (the wiring module) runs these in its ``bus``, ``refresh`` and
-``expect-plan`` tasks.
+re-published each ``refresh_interval_s``, the journal's unconfirmed events re-sent and the
+plan asked for when the agent learns it is behind, on the core's schedule, and the
+``no_plan_yet`` warning. Creates no task: :mod:`linkguard.agent.daemon` (the wiring module)
+runs these in its ``bus``, ``refresh``, ``resend`` and ``expect-plan`` tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 
@@ -143,4 +144,19 @@ class MessageDispatch(EffectExecutor):
             await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
-            await self.execute(self.core.replay_events())  # events a lost PUBACK left behind
+
+    async def _resend(self) -> None:
+        """The core's timed decisions (:meth:`~linkguard.agent.core.AgentCore.due`) -> bus:
+        the journal's events still unconfirmed past their wait (``journal_resend_after_s``,
+        doubling up to ``journal_resend_max_s``) and a plan request when a newer version
+        than the plan in hand stays unexplained (:mod:`linkguard.agent.behind`); woken by
+        newly journaled events and by such a version (:class:`PersistJournal`,
+        :class:`CheckBehind`)."""
+        while True:
+            self._resend_wake.clear()
+            effects, due = self.core.due(now=time.monotonic())
+            await self.execute(effects)
+            timeout = None if due is None else max(0.0, due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._resend_wake.wait()

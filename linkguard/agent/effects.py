@@ -14,6 +14,7 @@ from linkguard.models import Ack, HostStatus, Plan, PortEvent, PortState
 
 __all__ = [
     "ApplyPlan",
+    "CheckBehind",
     "Effect",
     "FastPath",
     "FlushNeighbours",
@@ -31,6 +32,7 @@ __all__ = [
     "RailChange",
     "Reannounce",
     "RenderNccl",
+    "RequestPlan",
     "ResendAck",
     "ScheduleTimer",
     "SendAck",
@@ -96,6 +98,22 @@ class ResendAck:
     it is of ``epoch`` or later and the host is announced (else the announce publishes it)."""
 
     epoch: int
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """Ask the service for this host's plan (``hosts/<host>/plan-request``, not retained):
+    ``epoch`` of the plan in hand (None: none), ``reason`` (``behind``:
+    :mod:`linkguard.agent.behind`), once the host is announced."""
+
+    epoch: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckBehind:
+    """A message showed a newer version than the plan in hand: have the core's timer look
+    again (:meth:`AgentCore.due`)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,8 @@ Effect = (
     | ApplyPlan
     | SendAck
     | ResendAck
+    | RequestPlan
+    | CheckBehind
     | PublishState
     | PublishEvent
     | FlushNeighbours

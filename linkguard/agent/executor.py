@@ -23,6 +23,7 @@ from linkguard.agent.applier import Applier
 from linkguard.agent.core import AgentCore, AgentStats
 from linkguard.agent.effects import (
     ApplyPlan,
+    CheckBehind,
     Effect,
     FastPath,
     FlushNeighbours,
@@ -40,6 +41,7 @@ from linkguard.agent.effects import (
     RailChange,
     Reannounce,
     RenderNccl,
+    RequestPlan,
     ResendAck,
     ScheduleTimer,
     SendAck,
@@ -49,6 +51,7 @@ from linkguard.agent.hooks import HookRunner
 from linkguard.agent.inbox import Inbox
 from linkguard.agent.localsub import RailMapServer
 from linkguard.agent.monitor import PortMonitor
+from linkguard.agent.outbox import Outbox
 from linkguard.agent.railmap import RailChanges, rail_view
 from linkguard.agent.statefiles import StateFiles
 from linkguard.bus import BusMessage, BusSession
@@ -102,6 +105,11 @@ class EffectExecutor:
     _wake: asyncio.Event
     _deadline: float | None
     _announced: bool
+    #: acks, status, plan requests and replayed events waiting for the ``outbox`` task
+    outbox: Outbox
+    _outbox_wake: asyncio.Event
+    _outbox_cut: asyncio.Timeout | None = None
+    _resend_wake: asyncio.Event
     #: whether the retained status last said a state file fails to be written
     _state_write_failing_said: bool = False
     duplicate: HostStatus | None
@@ -163,7 +171,13 @@ class EffectExecutor:
             last = self.last_ack
             if self._announced and last is not None and last.epoch >= e.epoch:
                 log.info("ack_resent", epoch=last.epoch, result=last.result.value)
-                await self.bus.publish(topics.ack(self.host), encode(last), retain=True)
+                self._post(topics.ack(self.host), encode(last), retain=True)
+        elif isinstance(e, RequestPlan):
+            if self._announced:  # (else the announce asks)
+                req = PlanRequest(host=self.host, epoch=e.epoch, reason=e.reason, at=time.time())
+                self._post(topics.plan_request(self.host), encode(req), retain=False)
+        elif isinstance(e, CheckBehind):
+            self._resend_wake.set()
         elif isinstance(e, PublishState):
             await self._publish_state(e.state)
         elif isinstance(e, PublishEvent):
@@ -177,7 +191,10 @@ class EffectExecutor:
                 reason=ev.reason,
                 seq=ev.seq,
             )
-            if self._announced:
+            if self._announced and e.replay:  # never holds up the bus messages' handling
+                key = f"{topics.events(self.host)}#{ev.journal}/{ev.seq}"
+                self._post(topics.events(self.host), encode(ev), retain=False, key=key)
+            elif self._announced:
                 await self.bus.publish(topics.events(self.host), encode(ev), retain=False)
         elif isinstance(e, FlushNeighbours):  # background: the wiring starts it as a task
             await self._flush_neighbours()
@@ -188,6 +205,7 @@ class EffectExecutor:
             self.files.save_health(now=time.monotonic(), wall=time.time())
             await self._report_state_writes()
         elif isinstance(e, PersistJournal):
+            self._resend_wake.set()  # new events: the resend task schedules them
             if self.core.journal is not None:
                 self.files.save_journal(self.core.journal)
                 await self._report_state_writes()
@@ -226,14 +244,47 @@ class EffectExecutor:
             return
         self._state_write_failing_said = failing
         if self.duplicate is None:  # (disconnected: the status on connect says it)
-            await self.bus.publish(
-                topics.status(self.host), encode(self._status(online=True)), retain=True
-            )
+            self._post(topics.status(self.host), encode(self._status(online=True)), retain=True)
 
     async def _send_ack(self, ack: Ack) -> None:
         self.last_ack = ack
         if self._announced:  # else the announce publishes it
-            await self.bus.publish(topics.ack(self.host), encode(ack), retain=True)
+            self._post(topics.ack(self.host), encode(ack), retain=True)
+
+    # -- the outbox (linkguard.agent.outbox) ---------------------------------------------
+    def _post(self, topic: str, payload: bytes, *, retain: bool, key: str | None = None) -> None:
+        """Hand a message to the ``outbox`` task (latest wins per ``key``, default the
+        topic); the wait for the PUBACK of the message in flight ends (it is sent already)."""
+        self.outbox.put(key or topic, topic, payload, retain=retain)
+        self._outbox_wake.set()
+        cut = self._outbox_cut  # stop waiting for the PUBACK of the one in flight
+        if cut is not None and not cut.expired():  # (an expired one cannot be rescheduled)
+            cut.reschedule(0)
+
+    async def _drain_outbox(self) -> None:
+        """outbox -> bus, one message at a time in order (the wiring's ``outbox`` task). The
+        wait for a message's PUBACK ends as soon as another one waits (its PUBLISH was handed
+        to the MQTT client before the wait, and the client sends in call order; both
+        :class:`~linkguard.bus.Bus` and :class:`~linkguard.membus.MemoryBus` hand a message
+        over before their first suspension): one lost PUBACK holds back nothing. A publish
+        that fails or times out is not repeated: an ack comes again with the service's
+        re-send (:class:`ResendAck`), events with the journal's, the status and plan request
+        with the next connect."""
+        while True:
+            await self._outbox_wake.wait()
+            item = self.outbox.take()
+            if item is None:
+                self._outbox_wake.clear()
+                continue
+            try:
+                async with asyncio.timeout(0 if len(self.outbox) else None) as cut:
+                    self._outbox_cut = cut
+                    await self.bus.publish(item.topic, item.payload, retain=item.retain)
+            except TimeoutError:
+                log.debug("outbox_puback_not_awaited", topic=item.topic)
+            finally:
+                self._outbox_cut = None
+                self.outbox.done()
 
     async def _publish_state(self, st: PortState) -> None:
         if not self._announced:  # the announce publishes the current snapshot

@@ -16,6 +16,12 @@ it. Each sent event also carries ``held_from``, the lowest number still held, so
 knows nothing of this host (restarted, its confirmations gone with a broker that kept no
 retained messages) can tell "confirmed long ago" from "missing".
 
+Timed re-send (:meth:`EventJournal.resend_due`): an event still unconfirmed ``after_s`` after it
+was first seen by the schedule goes again, then after twice that wait, doubling up to
+``max_s`` (``journal_resend_after_s``, ``journal_resend_max_s``): an event, or its
+confirmation, lost on a bus that stayed up (a PUBLISH dropped, a QoS 0 hop) reaches the service
+without a reconnect. The times are the caller's (monotonic s) and are not saved.
+
 Persistence (:meth:`EventJournal.to_doc`, :meth:`EventJournal.from_doc`) is a JSON document the
 wiring writes to ``state_dir/events.json`` (format :data:`JOURNAL_VERSION`), so a restarted
 agent continues the numbering and still replays what the service never confirmed.
@@ -59,6 +65,9 @@ class EventJournal:
         self.lost: tuple[int, int] | None = None
         #: events dropped past the bound since this object was made (a metric)
         self.dropped = 0
+        #: events sent again by :meth:`resend_due` since this object was made (a metric)
+        self.resent = 0
+        self._due: dict[int, tuple[float, int]] = {}  # seq -> (next re-send at, re-sends)
 
     @property
     def held_from(self) -> int:
@@ -91,6 +100,29 @@ class EventJournal:
         if self.lost is not None and self.lost[1] <= self.confirmed:
             self.lost = None
         return True
+
+    def resend_due(
+        self, now: float, *, after_s: float, max_s: float
+    ) -> tuple[list[PortEvent], float | None]:
+        """The held events to send again at ``now`` (monotonic s), as sent, oldest first, and
+        when the next one is due (None: none held). An event not yet scheduled is due
+        ``after_s`` from ``now``; each re-send doubles its wait, up to ``max_s`` (s)."""
+        out: list[PortEvent] = []
+        due: float | None = None
+        held = {ev.seq for ev in self.held}
+        for seq in [s for s in self._due if s not in held]:
+            del self._due[seq]  # confirmed, or dropped past the bound
+        for ev in self.held:
+            seq = ev.seq or 0
+            at, n = self._due.get(seq, (now + after_s, 0))
+            if now >= at:
+                n += 1
+                at = now + min(max_s, after_s * 2**n)
+                out.append(self._stamped(ev))
+            self._due[seq] = (at, n)
+            due = at if due is None else min(due, at)
+        self.resent += len(out)
+        return out, due
 
     def pending(self) -> list[PortEvent]:
         """Every event still held, oldest first, as sent (to replay)."""

@@ -150,6 +150,20 @@ class AgentSettings(SettingsBase):
         "replayed after a reconnect); past it the oldest are dropped and reported as a "
         "journal gap",
     )
+    journal_resend_after_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="a port event the service has not confirmed this long (s) is sent again "
+        "without waiting for a reconnect, then after twice the wait, doubling up to "
+        "journal_resend_max_s (an event or its confirmation lost on a bus that stayed up)",
+    )
+    journal_resend_max_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="the longest wait (s) between two re-sends of an unconfirmed port event",
+    )
     service_public_key: Path | None = Field(
         None,
         description="the topology service's Ed25519 public key (PEM or raw 32 bytes, "
@@ -201,3 +215,12 @@ class AgentSettings(SettingsBase):
         if len(set(names)) != len(names):
             raise ValueError(f"hook names must be unique: {names}")
         return v
+
+    @model_validator(mode="after")
+    def _journal_resend_max(self) -> AgentSettings:
+        if self.journal_resend_max_s < self.journal_resend_after_s:
+            raise ValueError(
+                f"journal_resend_max_s ({self.journal_resend_max_s:g}) must be >= "
+                f"journal_resend_after_s ({self.journal_resend_after_s:g})"
+            )
+        return self
