@@ -191,7 +191,13 @@ class BusSession(Protocol):
     async def close(self) -> None: ...
     async def wait_connected(self, timeout: float) -> None: ...
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool: ...
 
 
@@ -210,6 +216,8 @@ class Bus(BusLife):
     (the password is never logged). ``brokers``: (host, port) of each broker to use, tried in
     turn (round robin) after each failed attempt or lost connection; empty: ``host``/``port``
     only. ValueError when neither is given or a port is outside 1..65535.
+    ``puback_wait`` False: a QoS 1 :meth:`publish` does not wait for its PUBACK (the agent's:
+    its loop must not stall on the bus; see :meth:`publish`).
     """
 
     def __init__(
@@ -231,6 +239,7 @@ class Bus(BusLife):
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
         timeout_s: float = 10.0,
+        puback_wait: bool = True,
     ) -> None:
         if brokers:
             self._brokers = [(str(h), int(p)) for h, p in brokers]
@@ -257,6 +266,7 @@ class Bus(BusLife):
         self._keepalive = keepalive_s
         self._backoff = (reconnect_min_s, reconnect_max_s)
         self._timeout = timeout_s
+        self._puback_wait = puback_wait
         self._client: aiomqtt.Client | None = None
         self._lost = (aiomqtt.MqttError,)
         self._task: asyncio.Task[None] | None = None
@@ -313,13 +323,35 @@ class Bus(BusLife):
             ) from None
 
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool:
-        """Publish (QoS 1 unless told). False when not connected or the publish failed."""
+        """Publish (QoS 1 unless told). False when not connected or the publish failed.
+        ``wait_puback``: wait for a QoS 1 PUBACK (up to ``timeout_s``) or not; None: the
+        constructor's ``puback_wait``. Without waiting, a QoS 1 publish returns once the
+        client has it (sent, or queued behind :data:`MAX_INFLIGHT` others) and its PUBACK
+        is waited for by nobody: a PUBACK that never comes on a connection that stays up
+        (a broker that lost the message, a half-open connection before the keepalive ends
+        it) holds no caller; the message is gone with the session like any unacknowledged
+        one, and callers re-publish their state on the next connect."""
         client = self._client
         if client is None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)
             return False
+        if qos and not (self._puback_wait if wait_puback is None else wait_puback):
+            # paho's publish only queues the packet (non-blocking); aiomqtt's would then wait
+            # for the PUBACK up to timeout_s (10 s) before returning
+            info = client._client.publish(topic, payload, qos, retain)
+            if info.rc != 0:  # MQTT_ERR_SUCCESS
+                log.warning("bus_publish_failed", topic=topic, error=f"rc {info.rc}",
+                            broker=self.broker)  # fmt: skip
+                return False
+            return True
         try:
             await client.publish(topic, payload, qos=qos, retain=retain)
         except aiomqtt.MqttError as exc:

@@ -8,6 +8,8 @@ port sits (:func:`~linkguard.incidents.port_places`). Produces: rows for the led
 ``journal_gaps``, ``suppressions``, ``plans``, ``acks``, ``audit_findings``) and the
 :class:`~linkguard.incidents.Incident` s each change touched (:class:`ChangeRows`, pure), and
 the SQL that writes an incident (:func:`write_incident`, on the writer's connection).
+Journaled port events reach the incident builder in their journal's order
+(:mod:`linkguard.journalorder`); their ``port_events`` rows are written as they come.
 
 Bad input: ``data`` values of the wrong type are left out (a ``host`` that is not a string
 names no host); a ``port`` change loses its ``counters`` and an ``audit`` change its findings
@@ -16,13 +18,16 @@ list in the ``events`` row (the findings get rows of their own).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 from linkguard.changerecord import ChangeRecord
 from linkguard.incidents import Incident, IncidentBuilder, PortKey, PortPlace
+from linkguard.journalorder import JournalOrder
 
 __all__ = ["SUBJECT_PORT", "ChangeRows", "Rows", "write_incident"]
 
@@ -49,6 +54,8 @@ class ChangeRows:
         self.suppressed: dict[PortKey, bool] = {}
         #: (host, journal, seq) of the journaled port events recorded in this run
         self.journaled: set[tuple[str, str, int]] = set()
+        #: journaled port events on their way to the builder, in each journal's order
+        self.order: JournalOrder[Callable[[], list[Incident]]] = JournalOrder()
 
     @staticmethod
     def journal_key(c: ChangeRecord) -> tuple[str, str, int] | None:
@@ -134,7 +141,8 @@ class ChangeRows:
                     seq,
                 )
             )
-            touched = self.builder.on_status(
+            to_builder: Callable[[], list[Incident]] = functools.partial(
+                self.builder.on_status,
                 key,
                 current,
                 # a journaled event: the agent's time (it may come long after, replayed)
@@ -144,6 +152,20 @@ class ChangeRows:
                 rail=rail,
                 journaled=seq is not None,
             )
+            ready = [to_builder]
+            if seq is not None and journal is not None and host is not None:
+                # to the incident builder in the journal's order (linkguard.journalorder)
+                held, lost = d.get("held_from"), d.get("lost_to")
+                ready = self.order.offer(
+                    host,
+                    journal,
+                    seq,
+                    to_builder,
+                    at=at,
+                    held_from=held if isinstance(held, int) else None,
+                    lost_to=lost if isinstance(lost, int) else None,
+                )
+            touched = [inc for call in ready for inc in call()]
         elif c.kind == "journal_gap" and host:
             rows["journal_gaps"].append(
                 (run, at, host, d.get("journal"), d.get("seq_from"), d.get("seq_to"))
@@ -198,7 +220,9 @@ class ChangeRows:
         rows["events"].append(
             (run, c.seq, c.kind, at, host, hca, port, rail, leaf, su, json.dumps(data))
         )
-        return touched
+        for call in self.order.expire(at):  # events that waited too long for a hole to fill
+            touched += call()
+        return list(dict.fromkeys(touched))  # each incident once, in order
 
 
 def write_incident(

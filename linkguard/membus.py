@@ -341,9 +341,11 @@ class MemoryBus(BusLife):
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
         timeout_s: float = 10.0,
+        puback_wait: bool = True,
     ) -> None:
-        # nothing to reach, encrypt, authenticate or time out
+        # nothing to reach, encrypt, authenticate or time out; delivery is at once
         del host, port, brokers, subscribe_qos, username, password, tls, keepalive_s, timeout_s
+        del puback_wait
         self._broker = broker
         self._client_id = client_id
         self._subscriptions = list(subscriptions)
@@ -368,11 +370,19 @@ class MemoryBus(BusLife):
             await self.connected.wait()
 
     async def publish(
-        self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        qos: int = 1,
+        wait_puback: bool | None = None,
     ) -> bool:
         """Publish; False (message dropped) when not connected. ValueError on a topic with
         wildcards, an empty topic or a QoS outside 0..2. Yields to the loop once, as a
-        network publish does."""
+        network publish does (``wait_puback``: :class:`~linkguard.bus.Bus`'s; delivery here
+        is at once)."""
+        del wait_puback
         session = self._session_now
         if session is None or session.dropped is not None or not self.connected.is_set():
             log.debug("bus_publish_dropped_disconnected", topic=topic)

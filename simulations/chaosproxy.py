@@ -47,6 +47,7 @@ import contextlib
 import random
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,6 +62,7 @@ __all__ = [
     "main",
     "matches",
     "parse_rule",
+    "publish_payload",
     "read_packet",
 ]
 
@@ -151,6 +153,19 @@ async def read_packet(reader: asyncio.StreamReader) -> Packet | None:
     return Packet(bytes(header) + body, kind, topic, (first[0] >> 1) & 3)
 
 
+def publish_payload(packet: Packet) -> bytes:
+    """The application message of a PUBLISH ``packet`` (MQTT 3.1.1 section 3.3.3: after the
+    topic and, at QoS 1 and 2, the 2-byte packet identifier); b"" for any other packet."""
+    if packet.kind != PUBLISH:
+        return b""
+    i = 1
+    while packet.raw[i] & 0x80:  # the remaining length's continuation bytes
+        i += 1
+    body = packet.raw[i + 1 :]
+    start = 2 + int.from_bytes(body[:2], "big") + (2 if packet.qos else 0)
+    return body[start:]
+
+
 class _Pipe:
     """One direction of one connection: its writer, generator and held (reordered) packet."""
 
@@ -198,10 +213,14 @@ class ChaosProxy:
         self.stats: Counter[tuple[str, str]] = Counter()
         #: (direction, action, topic) of every rule applied, in order
         self.actions: list[tuple[str, str, str]] = []
+        #: called with (direction, packet) for every PUBLISH as it arrives, before any rule
+        #: (what the clients sent, dropped or not; e.g. the lab chaos run's event audit)
+        self.tap: Callable[[str, Packet], None] | None = None
         self._matched: Counter[int] = Counter()  # per rule index: matching packets seen
         self._applied: Counter[int] = Counter()  # per rule index: times applied
         self._server: asyncio.Server | None = None
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._serving: set[asyncio.Task[None]] = set()  # the connections' handlers, running
         self._accepted = 0
 
     async def start(self) -> int:
@@ -211,10 +230,15 @@ class ChaosProxy:
         return self.port
 
     async def close(self) -> None:
-        """Stop listening and cut every connection."""
+        """Stop listening, cut every connection and wait (at most 2 s) for their handlers to
+        end: a handler left running is cancelled when the loop closes, and asyncio logs it."""
         if self._server is not None:
             self._server.close()
         self.cut()
+        if self._serving:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    await asyncio.gather(*self._serving, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -249,6 +273,10 @@ class ChaosProxy:
     async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         index = self._accepted
         self._accepted += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
         self.stats[("both", "connections")] += 1
         try:
             breader, bwriter = await asyncio.open_connection(*self.broker)
@@ -312,6 +340,8 @@ class ChaosProxy:
         self, packet: Packet, pipe: _Pipe, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter]
     ) -> bool:
         """Pass ``packet`` on as the rules say; False when the connection was cut."""
+        if packet.kind == PUBLISH and self.tap is not None:
+            self.tap(pipe.direction, packet)
         rule = self._rule_for(packet, pipe) if packet.kind == PUBLISH else None
         if rule is None:
             self.stats[(pipe.direction, "forwarded")] += 1

@@ -78,15 +78,26 @@ def storm_schedule(
     return events
 
 
-def chaos_rules(loss: float, *, cuts: int, topic: str = "#") -> list[Rule]:
+def chaos_rules(
+    loss: float,
+    *,
+    cuts: int,
+    topic: str = "#",
+    cut_probability: float = 0.01,
+    cut_skip: int = 20,
+) -> list[Rule]:
     """The proxy's rules for a loss rate: ``loss`` of the publishes on ``topic`` (both
     directions) dropped; of the rest, ``loss * SIDE_SHARE`` each duplicated, delayed by
-    :data:`DELAY_S` and reordered; ``cuts`` connections cut (on a publish, 1 % of them, after
-    the first 20). ``loss`` 0..1."""
+    :data:`DELAY_S` and reordered; ``cuts`` connections cut (on a publish, ``cut_probability``
+    of them, 1 % by default, after the first ``cut_skip``, 20). ``loss`` 0..1."""
     if not 0.0 <= loss <= 1.0:
         raise ValueError(f"loss {loss}: between 0 and 1")
     side = min(1.0, loss * SIDE_SHARE)
-    rules = [Rule("cut", "both", topic, probability=0.01, count=cuts, skip=20)] if cuts else []
+    rules = (
+        [Rule("cut", "both", topic, probability=cut_probability, count=cuts, skip=cut_skip)]
+        if cuts
+        else []
+    )
     return [
         *rules,
         Rule("drop", "both", topic, probability=loss),

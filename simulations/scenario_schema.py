@@ -24,6 +24,7 @@ from linkguard.models import (
     SpinesPerSU,
     SwitchName,
 )
+from linkguard.simulations.chaosspec import ChaosSpec
 from linkguard.simulations.jobspec import JobSpec
 from linkguard.topology.fabric import Fabric
 
@@ -318,7 +319,9 @@ _SETTING_KEY = r"^[a-z_][a-z0-9_]{0,63}(\.[a-z_][a-z0-9_]{0,63}){0,4}$"
 class Scenario(_Model):
     """One scenario file (module docstring). ``schema`` is ``version`` in Python.
     ``damping`` None: the agents' default policy; ``debounce_ms`` None: the service's
-    default. ``job``: a training job the lab runs (``sim lab`` only). ``agent_settings``:
+    default. ``job``: a training job the lab runs (``sim lab`` only). ``chaos``: a lab chaos
+    run (``sim lab`` only; :class:`~linkguard.simulations.chaosspec.ChaosSpec`), played
+    instead of a timeline, so it has none and no job. ``agent_settings``:
     settings added to every lab agent's config (``sim lab`` only; a key may be dotted,
     ``routes.rto_min_ms: 20``; the agent validates them, and
     :func:`~linkguard.simulations.labprocs.agent_overrides` refuses the ones the lab sets
@@ -337,6 +340,7 @@ class Scenario(_Model):
     timeline: list[Fault] = Field(default_factory=list, max_length=100_000)
     expect: Expect = Expect()
     job: JobSpec | None = None
+    chaos: ChaosSpec | None = None
     agent_settings: dict[Annotated[str, Field(pattern=_SETTING_KEY)], object] = Field(
         default_factory=dict, max_length=64
     )
@@ -346,6 +350,16 @@ class Scenario(_Model):
         for key in ("job_max_stall_ms", "job_rank_failures"):
             if getattr(self.expect, key) is not None and self.job is None:
                 raise ValueError(f"expect.{key} needs a job: block (there is no job to measure)")
+        if self.chaos is not None and (self.timeline or self.job is not None):
+            raise ValueError(
+                "a chaos: scenario plays its seeded storm instead of a timeline: give it no "
+                "timeline and no job"
+            )
+        if self.chaos is not None and self.chaos.storm_s > self.duration_s:
+            raise ValueError(
+                f"chaos.storm_s {self.chaos.storm_s:g} is longer than duration_s "
+                f"{self.duration_s:g}"
+            )
         return self
 
 

@@ -398,6 +398,28 @@ class Applier:
         """``key`` is usable again; its traffic returns with the service's next plan."""
         self.locally_down.discard(key)
 
+    async def port_back(self, key: str) -> bool:
+        """``key`` is up again after the agent's own hold-down (the monitor's ``up``): like
+        :meth:`port_up`, and its backup's overlay comes off the plan in place at once (only
+        the routes it changed; nothing when the plan in place already routes around it).
+        A service that never saw the port go down (its states lost on the way, or a flap
+        its solve back-off folded away) sends no next plan: the overlay stayed for good, all
+        endpoints behind a backup without rails ``unreachable`` while every port was up
+        (found by the lab chaos run). True when the table changed."""
+        had = key in self.locally_down
+        self.port_up(key)
+        if not had or self.plan is None:
+            return False
+        before = dict(self.installed)
+        try:
+            await self._put_in_place(full=False)
+        except Exception as exc:  # the kernel refused: the next plan reconciles; keep running
+            log.error("fast_path_removal_failed", port=key, error=repr(exc))
+            return False
+        if self.installed != before:
+            log.info("fast_path_removed", port=key, epoch=self.plan.epoch)
+        return self.installed != before
+
     async def withdraw(self) -> None:
         """Remove linkguard's table and rules and the rail map (the SIGTERM 'withdraw'
         policy); the last plan stays in the state dir for the next start."""

@@ -164,6 +164,9 @@ class Agent(MessageDispatch):
             subscriptions=subscriptions(settings),
             on_connect=self._on_connect,
             will=Will(topics.status(self.host), encode(self._status(online=False, reason="lost"))),
+            # a PUBACK that never comes must not hold the port loop (fast path, events): the
+            # lab chaos run measured a 10 s stall (docs/simulations.md, "Lab chaos run")
+            puback_wait=False,
         )
 
     def stop(self) -> None:
@@ -222,6 +225,7 @@ class Agent(MessageDispatch):
                                 topics.status(self.host),
                                 encode(self._status(online=False, reason="stopped")),
                                 retain=True,
+                                wait_puback=True,  # taken before the disconnect: no will
                             )
                 raise _Stopped
         except* _Stopped:

@@ -65,7 +65,8 @@ class FastPath:
 
 @dataclass(frozen=True)
 class MarkPortUp:
-    """``port`` is usable again; its traffic returns with the service's next plan."""
+    """``port`` is usable again (after the agent's hold-down): its fast-path overlay comes off
+    the plan in place; the service's next plan re-admits it in the service's view."""
 
     port: str
 

@@ -156,7 +156,8 @@ class EffectExecutor:
                 ack = await self.applier.port_down(e.port)
             await self.execute(self.core.fast_path_applied(e.port, ack))
         elif isinstance(e, MarkPortUp):
-            self.applier.port_up(e.port)
+            async with self._lock:
+                await self.applier.port_back(e.port)
         elif isinstance(e, ApplyPlan):
             async with self._lock:
                 ack = await self.applier.put(e.plan, persist=e.persist_json)

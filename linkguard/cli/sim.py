@@ -95,10 +95,20 @@ def _add_lab(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "most 32 hosts and 16 rails. A scenario with a job: also runs a PyTorch training job "
         "(Gloo, CPU; needs torch==2.13.0) with one rank per host bound to the GPU endpoints, "
         "reports its stall, steps and rank failures per fault, and runs twice by default: "
-        "with linkguard, then without (static routes), one lab after the other.",
+        "with linkguard, then without (static routes), one lab after the other. A scenario "
+        "with a chaos: section (simulations/scenarios/lab-chaos.yaml) is a lab chaos run "
+        "instead: the agents reach Mosquitto through the seeded chaos proxy (drop, duplicate, "
+        "delay, reorder, cut; the service connects directly) while a seeded storm sets host "
+        "links down and up in the kernel; then every host must ack the service's current "
+        "epoch within chaos.within_s, the ledger must hold every journaled port event once at "
+        "the agent's time, every host namespace's routes must be exactly what its plan "
+        "implies (no leaked or duplicated route or rule), and `linkguard report` must list "
+        "each outage once with its true start and length. It prints the proxy's counts, the "
+        "convergence times, the events and the routes checked (docs/simulations.md).",
         epilog="Exit codes: 0 passed (--no-linkguard: the run completed), 1 an oracle mismatch, "
-        "a failed expectation (max_reroute_ms applies to the data-plane gap) or a process that "
-        "died, 2 not root, not a valid scenario or a scenario the lab cannot build.",
+        "a failed expectation (max_reroute_ms applies to the data-plane gap), a failed chaos "
+        "check or a process that died, 2 not root, not a valid scenario or a scenario the lab "
+        "cannot build.",
     )
     sl.add_argument("file", type=Path, metavar="FILE", help="scenario file (YAML)")
     sl.add_argument(
@@ -240,6 +250,12 @@ def _sim_run(args: argparse.Namespace) -> int:
         loaded = load_scenario(args.file)
     except ScenarioError as exc:
         return fail(str(exc), 2)
+    if loaded.scenario.chaos is not None:  # a storm in the kernel: nothing to replay here
+        return fail(
+            f"{args.file}: a chaos: scenario runs on the namespace lab (`linkguard sim lab "
+            f"{args.file}`); the simulator's chaos run is `linkguard sim chaos`",
+            2,
+        )
     report: RunReport | LiveReport
     if args.bus == "model":
         report = run(loaded)
@@ -297,6 +313,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
 
     from linkguard.logs import configure_logging
     from linkguard.simulations.lab import LabError
+    from linkguard.simulations.labchaos import LabChaosReport, run_lab_chaos
     from linkguard.simulations.labprocs import LabProcessError
     from linkguard.simulations.labrun import (
         LabPair,
@@ -315,6 +332,8 @@ def _sim_lab(args: argparse.Namespace) -> int:
         check_lab_scenario(loaded, agent_settings=agent_settings)
     except (ScenarioError, LabRunError) as exc:
         return fail(str(exc), 2)
+    if loaded.scenario.chaos is not None and args.no_linkguard:
+        return fail("--no-linkguard: a chaos: scenario checks linkguard itself", 2)
     if args.no_linkguard and args.skip_baseline:
         return fail("--no-linkguard runs only the baseline, --skip-baseline skips it", 2)
     if args.workdir is not None:  # before any namespace exists: a clear error, nothing built
@@ -324,7 +343,15 @@ def _sim_lab(args: argparse.Namespace) -> int:
             return fail(f"--workdir {args.workdir}: {exc.strerror or exc}", 2)
     _quiet_sim_logging(configure_logging)
 
-    async def main() -> LabReport | LabPair:
+    async def main() -> LabReport | LabPair | LabChaosReport:
+        if loaded.scenario.chaos is not None:  # the seeded storm behind the chaos proxy
+            return await run_lab_chaos(
+                loaded,
+                workdir=args.workdir,
+                keep=args.keep,
+                progress=lab_progress(),
+                agent_settings=agent_settings,
+            )
         if loaded.scenario.job is not None:  # both halves in one run, unless told
             halves = (False,) if args.no_linkguard else (True,) if args.skip_baseline else None
             return await run_lab_halves(

@@ -11,7 +11,13 @@ import time
 import aiomqtt
 import pytest
 
-from linkguard.simulations.chaosproxy import ChaosProxy, Rule, matches, parse_rule
+from linkguard.simulations.chaosproxy import (
+    ChaosProxy,
+    Rule,
+    matches,
+    parse_rule,
+    publish_payload,
+)
 from tests.support import until
 
 pytestmark = pytest.mark.real
@@ -149,3 +155,26 @@ async def test_a_cut_rule_cuts_the_connection_that_publishes(mosquitto) -> None:
         await pub.publish("t/boom", b"x", qos=0)
         await until(lambda: proxy.connections == 0, "the connection cut")
     assert proxy.actions == [("up", "cut", "t/boom")]
+
+
+async def test_the_tap_sees_every_publish_as_sent_dropped_or_not(mosquitto) -> None:
+    """What a client sent, before any rule: the lab chaos run reads the agents' port events
+    from it (their journal numbers and times), also the ones the proxy then drops."""
+    seen: list[tuple[str, str | None, int, bytes]] = []
+    rules = [Rule("drop", "up", "t/lost")]
+    async with ChaosProxy("127.0.0.1", mosquitto.port, rules, seed=1) as proxy:
+        proxy.tap = lambda d, p: seen.append((d, p.topic, p.qos, publish_payload(p)))
+        msgs = [("t/lost", b"gone"), ("t/kept", b"x" * 300)]  # 300: a 2-byte remaining length
+        got = await _publish_through(mosquitto.port, mosquitto.port, proxy.port, msgs, 0)
+        assert got == [("t/kept", b"x" * 300)]
+        # QoS 1 (a packet identifier before the payload); nothing dropped: a publisher that
+        # waits for its PUBACK would wait for a dropped one until its timeout
+        proxy.rules = []
+        got = await _publish_through(mosquitto.port, mosquitto.port, proxy.port, msgs, 1)
+        assert got == msgs
+    assert seen == [
+        ("up", "t/lost", 0, b"gone"),
+        ("up", "t/kept", 0, b"x" * 300),
+        ("up", "t/lost", 1, b"gone"),
+        ("up", "t/kept", 1, b"x" * 300),
+    ]

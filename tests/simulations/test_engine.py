@@ -95,6 +95,9 @@ def test_uplink_loss_moves_traffic_only_when_the_leaf_is_cut_off() -> None:
 
 @pytest.mark.parametrize("path", shipped_scenarios(), ids=lambda p: p.stem)
 def test_every_shipped_scenario_passes(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if "\nchaos:" in path.read_text():  # a storm in the lab's kernel, no timeline to replay
+        assert main(["sim", "run", str(path)]) == 2  # sent to `sim lab` (test_labchaos.py)
+        return
     assert main(["sim", "run", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{path.stem}: PASSED\n")

@@ -53,6 +53,7 @@ GOLDEN = {
         {"service_down": 1, "service_up": 1, "port_down": 2, "port_up": 2},
     ),
     "job-link-down": (4, 4, 2, {"port_down": 1, "port_up": 1}),
+    "lab-chaos": (4, 2, 0, {}),  # a chaos: section instead of a timeline (sim lab)
     "job-flapping-link": (4, 4, 1, {"port_down": 4, "port_up": 4}),
     "faults-across-outage": (
         16,
