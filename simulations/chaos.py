@@ -60,8 +60,10 @@ POLL_S = 0.01
 #: the watch after the storm lasts ``within_s`` plus this (s), to tell late from never
 MARGIN_S = 5.0
 #: how long the journals get to be confirmed after the hosts converged, before the ledger is
-#: read (s)
-CONFIRM_S = 3.0
+#: read (s): past the agents' timed re-send of unconfirmed events (``journal_resend_after_s``,
+#: 5 s by default), so that only what that re-send did not bring counts as missing until a
+#: reconnect (the wait ends as soon as every journal is confirmed)
+CONFIRM_S = 8.0
 
 
 class ChaosReport(BaseModel):

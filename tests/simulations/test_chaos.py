@@ -12,6 +12,11 @@ first, without a broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from linkguard.simulations.chaosstorm import (
     storm_schedule,
     verdict,
 )
+from linkguard.simulations.labchaoscheck import down_episodes, outage_problems
 from tests.support import require_binary
 
 HOSTS = ["a", "b", "c"]
@@ -114,6 +120,25 @@ def test_chaos_run_short_form(tmp_path: Path) -> None:
     assert v.events_missing_until_reconnect is not None
     assert (v.events_lost, v.events_duplicated, v.events_time_mismatch) == (0, 0, 0)
     assert v.passed
+    # `linkguard report` on that ledger, as a user runs it: each outage once, starting at its
+    # first port's down (the agent's time) and lasting its longest down episode (the lab chaos
+    # run's check, simulations/labchaoscheck.py)
+    ledger = tmp_path / "ledger.sqlite3"
+    proc = subprocess.run(
+        [sys.executable, "-m", "linkguard.cli", "report", "--ledger", str(ledger),
+         "--format", "json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outages = json.loads(proc.stdout)["outages"]
+    with contextlib.closing(sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)) as conn:
+        conn.row_factory = sqlite3.Row
+        events = [dict(r) for r in conn.execute("SELECT * FROM port_events")]
+        ports = conn.execute("SELECT outage_id, host, hca, port FROM outage_ports").fetchall()
+    episodes = down_episodes(events)
+    print(f"report: {len(outages)} outages for {len(episodes)} port down episodes")
+    assert len(episodes) >= 5 and outages
+    assert outage_problems(episodes, outages, [tuple(p) for p in ports]) == []
 
 
 def test_sim_chaos_refuses_a_loss_rate_above_one(capsys: pytest.CaptureFixture[str]) -> None:
