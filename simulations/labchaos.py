@@ -68,7 +68,7 @@ from linkguard import topics
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
 from linkguard.bus import Bus
-from linkguard.models import AckResult
+from linkguard.models import AckResult, ack_covers
 from linkguard.simulations.chaosproxy import ChaosProxy, Packet, publish_payload
 from linkguard.simulations.chaosspec import ChaosSpec
 from linkguard.simulations.chaosstorm import (
@@ -210,8 +210,10 @@ def _acked(obs: Observer, host: str) -> bool:
         return False
     ack = acks[-1][1]
     # as the service counts it (topology.state.pending_acks): a fast-path ack of the epoch
-    # owed is an ack of it (the overlay comes off when the port is back: no new ack)
-    return ack.result == AckResult.APPLIED and ack.epoch >= owed
+    # owed is an ack of it (the overlay comes off when the port is back: no new ack), and
+    # an ack naming the peer routes it holds must hold every one on the bus (ack_covers)
+    plan = obs.received[host]
+    return ack.result == AckResult.APPLIED and ack_covers(ack, owed, plan, obs.peers)
 
 
 class _Run:
@@ -491,7 +493,7 @@ class _Run:
         """Check 4 (module docstring): ``linkguard report`` as a user runs it."""
         ledger = self.workdir / "ledger.sqlite3"
         proc = subprocess.run(
-            [sys.executable, "-m", "linkguard.cli", "report", "--ledger", str(ledger),
+            [sys.executable, "-P", "-m", "linkguard.cli", "report", "--ledger", str(ledger),
              "--format", "json"],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip

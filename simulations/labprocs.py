@@ -202,8 +202,11 @@ class Procs:
         """Start (or restart) process ``name`` running ``linkguard <argv>``."""
         log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # -P: the working directory is not put first on sys.path: run from a clone's root
+        # after a plain `pip install .`, `-m` would import the clone's source tree, which has
+        # no linkguard.drivers (top-level drivers/, mapped into the package at install)
         p = subprocess.Popen(
-            [sys.executable, "-m", "linkguard.cli", *argv],
+            [sys.executable, "-P", "-m", "linkguard.cli", *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

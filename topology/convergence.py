@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from linkguard import topics
 from linkguard.config import ConvergenceSettings
-from linkguard.models import PeerRoutes, Plan, PlanRequest
+from linkguard.models import Ack, AckResult, PeerRoutes, Plan, PlanRequest
 from linkguard.topology.effects import Effect, Log, PublishPlans
 from linkguard.topology.state import FabricState
 
@@ -93,11 +93,17 @@ class Convergence:
         """``host`` acked, went offline or is routed around: it owes nothing now."""
         self._owed.pop(host, None)
 
-    def on_ack(self, host: str, epoch: int) -> None:
-        """An ack of ``epoch`` from ``host`` (any result) ends what it owes up to ``epoch``."""
-        owed = self._owed.get(host)
-        if owed is not None and epoch >= owed.epoch:
-            del self._owed[host]
+    def on_ack(self, ack: Ack) -> None:
+        """An ack (any result) of the epoch its host owes ends what it owes; an applied one
+        only when it also names every peer routes message it needs, when it names them
+        (:meth:`~linkguard.topology.state.FabricState.ack_covers`)."""
+        owed = self._owed.get(ack.host)
+        if (
+            owed is not None
+            and ack.epoch >= owed.epoch
+            and (ack.result != AckResult.APPLIED or self.state.ack_covers(ack.host, ack))
+        ):
+            del self._owed[ack.host]
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -109,8 +115,7 @@ class Convergence:
         epoch = state.acked_epoch(host)
         if epoch is None:
             return None
-        ack = state.acks.get(host)
-        if ack is not None and ack.epoch >= epoch:
+        if state.ack_covers(host, state.acks.get(host)):
             return None
         return epoch
 
@@ -196,7 +201,12 @@ class Convergence:
             if plan.shared is not None:
                 ack = state.acks.get(host)
                 floor = ack.epoch if ack is not None else 0
-                peers.update((p.host, p) for p in state.peers.values() if p.epoch > floor)
+                held = ack.peers if ack is not None and ack.peers is not None else {}
+                peers.update(
+                    (p.host, p)
+                    for p in state.peers.values()
+                    if p.epoch > floor or (p.classes and held.get(p.host, 0) < p.epoch)
+                )
         # the peer routes first, as a solve publishes them before the compact plans
         messages = [(topics.peer_routes(h), p) for h, p in sorted(peers.items())] + messages
         if not messages:

@@ -386,7 +386,7 @@ class ServiceCore(StaleRetained):
         """An agent's ack: kept, emitted, counted against the hosts the last publish waits
         for (the last one logs ``plans_acked``: epoch, hosts, ms from the publish)."""
         self.state.on_ack(ack)
-        self.convergence.on_ack(ack.host, ack.epoch)
+        self.convergence.on_ack(ack)
         out: list[Effect] = [Emit("ack", ack.model_dump(mode="json"))]
         out += self.schedule.on_applied(ack, now)
         # one line per host and event would be thousands a minute at fleet scale: the applied

@@ -38,6 +38,7 @@ from linkguard.models import (
     PortEvent,
     PortState,
     PortStatus,
+    ack_covers,
     expand_plan,
 )
 from linkguard.topology.fabric import Fabric
@@ -506,12 +507,23 @@ class FabricState:
             return None
         return pub.epoch if pub.shared is None else max(pub.epoch, self._peers_epoch)
 
+    def ack_covers(self, host: str, ack: Ack | None) -> bool:
+        """True when ``ack`` answers what ``host`` owes (:func:`~linkguard.models.ack_covers`:
+        the epoch of :meth:`acked_epoch`, and for a compact plan every peer routes message on
+        the bus the ack names as held); also True when nothing is owed (no plan yet)."""
+        owed, pub = self.acked_epoch(host), self.published.get(host)
+        if owed is None or pub is None:
+            return True
+        return ack is not None and ack_covers(ack, owed, pub, self.peers)
+
     def pending_acks(self, hosts: Iterable[str] | None = None) -> list[str]:
-        """Hosts whose last plan has no applied ack with its epoch yet."""
+        """Hosts whose last plan has no applied ack that covers it yet (:meth:`ack_covers`)."""
         names = self.published.keys() if hosts is None else hosts
         out = []
         for h in names:
-            a, e = self.acks.get(h), self.acked_epoch(h)
-            if e is not None and (a is None or a.epoch < e or a.result != AckResult.APPLIED):
+            a = self.acks.get(h)
+            if self.acked_epoch(h) is not None and (
+                a is None or a.result != AckResult.APPLIED or not self.ack_covers(h, a)
+            ):
                 out.append(h)
         return sorted(out)

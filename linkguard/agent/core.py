@@ -189,6 +189,16 @@ class AgentCore:
         effects.append(ScheduleTimer(out.next_deadline))
         return effects
 
+    def named(self, ack: Ack) -> Ack:
+        """``ack`` as it goes out: an applied one, with a compact plan in hand, names the
+        epoch of each peer's routes the agent holds (``Ack.peers``): a solve publishes the
+        plan and its peer routes with one epoch, so the epoch alone cannot tell the service
+        that one of them was lost (:func:`~linkguard.models.ack_covers`)."""
+        plan = self.plan_received
+        if ack.result != AckResult.APPLIED or plan is None or plan.shared is None:
+            return ack
+        return ack.model_copy(update={"peers": {h: p.epoch for h, p in self.peers.items()}})
+
     def fast_path_applied(self, port: str, ack: Ack | None) -> list[Effect]:
         """The ack of a :class:`FastPath` (None: no plan, or no backup for ``port``)."""
         if ack is None:

@@ -171,7 +171,8 @@ class EffectExecutor:
             last = self.last_ack
             if self._announced and last is not None and last.epoch >= e.epoch:
                 log.info("ack_resent", epoch=last.epoch, result=last.result.value)
-                self._post(topics.ack(self.host), encode(last), retain=True)
+                # named again: peer routes taken since without a new apply count too
+                self._post(topics.ack(self.host), encode(self.core.named(last)), retain=True)
         elif isinstance(e, RequestPlan):
             if self._announced:  # (else the announce asks)
                 req = PlanRequest(host=self.host, epoch=e.epoch, reason=e.reason, at=time.time())
@@ -247,7 +248,7 @@ class EffectExecutor:
             self._post(topics.status(self.host), encode(self._status(online=True)), retain=True)
 
     async def _send_ack(self, ack: Ack) -> None:
-        self.last_ack = ack
+        self.last_ack = ack = self.core.named(ack)
         if self._announced:  # else the announce publishes it
             self._post(topics.ack(self.host), encode(ack), retain=True)
 
@@ -382,7 +383,8 @@ class EffectExecutor:
         for st in self.monitor.snapshot(wall=time.time()):
             await self._publish_state(st)
         if self.last_ack is not None:
-            await self.bus.publish(topics.ack(self.host), encode(self.last_ack), retain=True)
+            last = self.core.named(self.last_ack)
+            await self.bus.publish(topics.ack(self.host), encode(last), retain=True)
         # it may have missed plans while away (or a QoS 0 delivery): the service re-sends them
         # when the epoch applied here is below the one it owes (linkguard.topology.convergence)
         request = PlanRequest(

@@ -66,6 +66,7 @@ from linkguard.models.plan import (
     RailAssignment,
     RouteAssignment,
     SharedRoutes,
+    ack_covers,
     expand_plan,
 )
 from linkguard.models.plan import IPv4Text as IPv4Text
@@ -120,6 +121,7 @@ __all__ = [
     "SharedRoutes",
     "SigningPosture",
     "SpinesPerSU",
+    "ack_covers",
     "decode",
     "encode",
     "expand_plan",

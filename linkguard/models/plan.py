@@ -27,6 +27,7 @@ __all__ = [
     "RailAssignment",
     "RouteAssignment",
     "SharedRoutes",
+    "ack_covers",
     "expand_plan",
 ]
 
@@ -345,6 +346,12 @@ class Ack(_Model):
     applied_at: float = Field(ge=0)
     apply_ms: float | None = Field(None, ge=0)
     fast_path: bool = Field(False, description="applied locally from a backup, not a plan")
+    peers: dict[HostName, Epoch] | None = Field(
+        None,
+        max_length=65_536,
+        description="with a compact plan in hand: the epoch of each peer's routes (peers/<host>) "
+        "the agent holds, by peer host; None with a full plan (or an agent before this field)",
+    )
 
 
 class PlanRequest(_Model):
@@ -358,3 +365,23 @@ class PlanRequest(_Model):
     epoch: Epoch | None = None
     reason: str = Field("reconnect", max_length=64, pattern=r"^[a-z_]+$")
     at: float = Field(ge=0, description="when it was asked (agent's Unix time, s)")
+
+
+def ack_covers(ack: Ack, owed: int, plan: Plan, peers: Mapping[str, PeerRoutes]) -> bool:
+    """True when ``ack`` answers everything the host owes: an epoch of at least ``owed``
+    (:meth:`~linkguard.topology.state.FabricState.acked_epoch`) and, when ``plan`` (the host's
+    plan on the bus) is compact and the ack names the peer routes it holds (``ack.peers``),
+    every impaired peer's routes in ``peers`` (those on the bus, by peer host) at their epoch
+    or newer. A solve publishes a compact plan and its peer routes with one epoch, so an
+    agent that lost one peer routes message of that solve still acks that epoch: only the
+    names tell that it routes without them (the lab chaos run found hosts acked and
+    converged with a lost peer's ``unreachable`` routes missing). An ack without names (a
+    full plan, an older agent) is judged on its epoch alone."""
+    if ack.epoch < owed:
+        return False
+    held = ack.peers
+    if plan.shared is None or held is None:
+        return True
+    return all(
+        held.get(h, 0) >= pr.epoch for h, pr in peers.items() if pr.classes and h != plan.host
+    )

@@ -244,3 +244,23 @@ async def test_a_timed_out_wait_prints_what_the_observer_saw(tmp_path: Path) -> 
     assert "h0: plans [7] acks (epoch, result, fast path) []" in text
     assert "h1: plans [7] acks (epoch, result, fast path) [(7, <AckResult.APPLIED" in text
     assert "messages by kind: {'plan': 2, 'ack': 1}" in text
+
+
+def test_lab_processes_do_not_import_a_source_tree_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new user: `sim lab` run from a clone's root after the README's plain
+    `pip install .` started every process on the clone's source tree (`python -m` puts the
+    working directory first on sys.path), which has no linkguard.drivers: each exited 1. The
+    lab's processes run with -P. Here a working directory whose `linkguard` package fails to
+    import stands for that tree."""
+    from linkguard.simulations.labprocs import Procs
+
+    shadow = tmp_path / "cwd" / "linkguard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the source tree was imported')\n")
+    monkeypatch.chdir(tmp_path / "cwd")
+    procs = Procs(tmp_path)
+    p = procs.start("help", ["--help"])
+    assert p.wait(timeout=60) == 0, (tmp_path / "help.log").read_text()[-2000:]
+    assert "usage: linkguard" in (tmp_path / "help.log").read_text()

@@ -37,9 +37,17 @@ def _setup(*, online: list[str] = H) -> tuple[FabricState, Convergence, dict[str
     return st, conv, since
 
 
-def _ack(st: FabricState, conv: Convergence, host: str, epoch: int, result=AckResult.APPLIED):
-    st.on_ack(Ack(host=host, epoch=epoch, result=result, applied_at=1.0))
-    conv.on_ack(host, epoch)
+def _ack(
+    st: FabricState,
+    conv: Convergence,
+    host: str,
+    epoch: int,
+    result=AckResult.APPLIED,
+    peers: dict[str, int] | None = None,
+):
+    ack = Ack(host=host, epoch=epoch, result=result, applied_at=1.0, peers=peers)
+    st.on_ack(ack)
+    conv.on_ack(ack)
 
 
 def _resent_topics(effects) -> list[str]:
@@ -117,6 +125,41 @@ def test_a_compact_plan_is_resent_with_the_peer_routes_it_has_not_acked() -> Non
     assert st.published[H[0]].shared is not None  # whole: a compact plan
     effects, _ = conv.tick(25.0)
     assert _resent_topics(effects) == [topics.peer_routes(H[3]), topics.plan(H[0])]
+
+
+def test_an_ack_of_the_epoch_without_a_peers_routes_is_not_converged() -> None:
+    """The lab chaos run: a solve publishes a compact plan and a peer's routes with one
+    epoch; an agent that lost the peer routes acks that epoch all the same. Its ack names the
+    peer routes it holds: one missing keeps the host owing (not acking, pending), and the
+    re-send holds that peer routes message though its epoch is not above the ack's."""
+    st, conv, _ = _setup()
+    for h in H:
+        _ack(st, conv, h, st.acked_epoch(h), peers={})
+    assert st.pending_acks() == []
+    hca = FABRIC.host(H[3]).hcas[0]
+    st.on_port_state(
+        PortState(
+            host=H[3], hca=hca.hca, port=hca.port, rail=hca.rail, status=PortStatus.DOWN,
+            seq=2, observed_at=2.0,
+        )
+    )  # fmt: skip
+    solved = st.solve(now=20.0)
+    assert [p.host for p in solved.peers] == [H[3]]
+    epoch = st.peers[H[3]].epoch
+    conv.sent([topics.peer_routes(H[3]), topics.plan(H[3])], 20.0)
+    _ack(st, conv, H[3], st.acked_epoch(H[3]))  # a full plan: no names
+    _ack(st, conv, H[1], st.acked_epoch(H[1]), peers={H[3]: epoch})  # has it
+    _ack(st, conv, H[2], st.acked_epoch(H[2]))  # an older agent: no names, epoch only
+    assert st.acked_epoch(H[0]) == epoch
+    _ack(st, conv, H[0], epoch, peers={})  # the epoch, without H[3]'s peer routes
+    assert st.pending_acks() == [H[0]]
+    assert not st.ack_covers(H[0], st.acks[H[0]]) and st.ack_covers(H[1], st.acks[H[1]])
+    effects, _ = conv.tick(25.0)
+    assert _resent_topics(effects) == [topics.peer_routes(H[3]), topics.plan(H[0])]
+    assert [n.host for n in conv.not_acking(25.0)] == [H[0]]
+    _ack(st, conv, H[0], epoch, peers={H[3]: epoch})  # the re-send brought it
+    assert st.pending_acks() == [] and conv.not_acking(26.0) == []
+    assert conv.tick(26.0)[0] == []
 
 
 def test_plan_requests_are_answered_when_behind_and_rate_limited() -> None:
