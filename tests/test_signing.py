@@ -415,7 +415,9 @@ async def test_forged_plans_are_refused_and_never_applied(bus: str, tmp_path: Pa
             assert line in text, line
 
         # the broker retained the rogue's last messages: the service saw them (not its own)
-        # and put its own back, so the next agent to connect gets the real ones
+        # and put its own back, so the next agent to connect gets the real ones (the waits
+        # above were on the agents; the service reads the same messages on its own session)
+        await until(lambda: rig.fleet.service.dropped["foreign"] >= 10, "the service saw them")
         assert rig.fleet.service.dropped["foreign"] >= 10
         assert await rig.retained(topics.plan(V), current) == current
         legit_sealed = rig.signer.seal(encode(legit))

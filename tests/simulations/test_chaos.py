@@ -146,3 +146,32 @@ def test_sim_chaos_refuses_a_loss_rate_above_one(capsys: pytest.CaptureFixture[s
 
     assert main(["sim", "chaos", "--loss", "2"]) == 2
     assert "--loss 2.0: between 0 and 1" in capsys.readouterr().err
+
+
+def test_sim_chaos_refuses_a_workdir_with_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from linkguard.cli import main
+
+    (tmp_path / "left-over").write_text("x")
+    assert main(["sim", "chaos", "--workdir", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_sim_chaos_keeps_its_ledger_for_linkguard_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user could not run `linkguard report` on a `sim chaos` run's ledger: the run
+    removed its files. `--workdir` keeps them."""
+    require_binary("mosquitto")
+    from linkguard.cli import main
+
+    work = tmp_path / "run"
+    argv = ["sim", "chaos", "--hosts", "2", "--rails", "1", "--loss", "0", "--storm-s", "1"]
+    assert main([*argv, "--workdir", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "convergence p50 " in out and "e-0" not in out  # rounded
+    assert main(["report", "--ledger", str(work / "ledger.sqlite3"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["outage_counts"]["outages"] == len(report["outages"]) >= 1
