@@ -297,14 +297,7 @@ class ServiceCore(StaleRetained):
         if isinstance(obj, PortState):
             return self.on_port_state(obj, hca, port, topic, now)
         if isinstance(obj, PortEvent):
-            out = self.journal.on_event(obj)
-            implied = self.state.state_from_event(obj)
-            if implied is not None:  # the state publish of that change was lost
-                fields = {"host": obj.host, "port": implied.key, "status": obj.current.value,
-                          "seq": obj.seq}  # fmt: skip
-                out.append(Log("info", "port_state_from_event", fields))
-                out += self.on_port_state(implied, implied.hca, implied.port, topic, now)
-            return out
+            return self.journal.on_event(obj)
         if isinstance(obj, ProbeReport):
             return self.probes.on_report(obj, now)
         if isinstance(obj, HostStatus):

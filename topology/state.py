@@ -35,7 +35,6 @@ from linkguard.models import (
     HostStatus,
     PeerRoutes,
     Plan,
-    PortEvent,
     PortState,
     PortStatus,
     ack_covers,
@@ -213,30 +212,6 @@ class FabricState:
         changed = old is None or ((old.status in UNUSABLE) != (st.status in UNUSABLE))
         self.dirty |= changed
         return changed
-
-    def state_from_event(self, ev: PortEvent) -> PortState | None:
-        """The port state a journaled port event implies, when the state held is older and
-        says otherwise: the agent's retained state publish for that change was lost (a
-        subscriber queue the broker overflowed, a lossy hop) and is re-sent only with its next
-        refresh or reconnect, while the event's journal re-sends it until confirmed
-        (:mod:`linkguard.agent.journal`). Returns the held state with the event's status,
-        reason and time (``observed_at`` = the event's ``at``, both the agent's wall clock,
-        s), or None: an event without a journal number, no state held yet, an event not
-        newer than the state held, or one that agrees with it. A later real state replaces
-        it (its ``observed_at`` is later)."""
-        if ev.seq is None:
-            return None
-        old = self.ports.get((ev.host, f"{ev.hca}/{ev.port}"))
-        if old is None or ev.at <= old.observed_at or old.status == ev.current:
-            return None
-        return old.model_copy(
-            update={
-                "status": ev.current,
-                "usable": ev.current == PortStatus.UP,  # as the agent sets it
-                "reason": ev.reason,
-                "observed_at": ev.at,
-            }
-        )
 
     def on_host_status(self, hs: HostStatus, *, now: float = 0.0) -> None:
         """Record ``hs`` seen at ``now`` (monotonic s). A last will (``reason="lost"``) starts

@@ -191,35 +191,3 @@ def test_retained_messages_read_after_the_first_solve_are_compared_at_the_next()
     assert solved.publish == []
     again = s.solve(2.0)
     assert again.publish == [] and again.peers == [] and not s.dirty
-
-
-def test_a_journaled_event_newer_than_the_state_held_implies_its_state() -> None:
-    """The agent's state publish for a change was lost; its journaled event says what it was
-    (FabricState.state_from_event): the held state with the event's status, reason and time.
-    Nothing for an unnumbered, older or agreeing event or a port without a state yet."""
-    from linkguard.models import PortEvent
-
-    s = FabricState(fabric=FABRIC, epoch_start=1)
-
-    def ev(current: PortStatus, at: float, seq: int | None = 7) -> PortEvent:
-        return PortEvent(
-            host="gpu000", hca="mlx5_1", port=1, previous=PortStatus.UP, current=current,
-            reason="link_down" if current != PortStatus.UP else None, at=at, seq=seq,
-            journal=None if seq is None else "0badc0de",
-        )  # fmt: skip
-
-    assert s.state_from_event(ev(PortStatus.DOWN, 5.0)) is None  # no state held yet
-    s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.UP, seq=3, at=4.0))
-    implied = s.state_from_event(ev(PortStatus.DOWN, 5.0))
-    assert implied is not None
-    assert (implied.status, implied.usable, implied.reason) == (PortStatus.DOWN, False, "link_down")
-    assert (implied.observed_at, implied.seq, implied.key) == (5.0, 3, "mlx5_1/1")
-    assert s.on_port_state(implied) is True  # a solve is due
-    assert s.unusable() == {"gpu000": frozenset({1})}
-    assert s.state_from_event(ev(PortStatus.DOWN, 6.0)) is None  # agrees with the state held
-    assert s.state_from_event(ev(PortStatus.UP, 4.5)) is None  # older than the state held
-    assert s.state_from_event(ev(PortStatus.UP, 6.0, seq=None)) is None  # not journaled
-    # the real state of a later change replaces the implied one
-    assert s.on_port_state(_st("gpu000", "mlx5_1", PortStatus.UP, seq=5, at=7.0)) is True
-    back = s.state_from_event(ev(PortStatus.UP, 6.5))
-    assert back is None and s.ports[("gpu000", "mlx5_1/1")].observed_at == 7.0
