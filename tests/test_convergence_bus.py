@@ -16,7 +16,10 @@ The pure decisions are in tests/topology/test_convergence.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +78,28 @@ def _acked(service: TopologyService, host: str) -> bool:
     return ack is not None and owed is not None and ack.epoch >= owed
 
 
-async def test_a_dropped_plan_is_resent_and_the_host_shown_until_it_acks(
-    mosquitto, tmp_path: Path
-) -> None:
-    service = _service(mosquitto.port, after_s=AFTER_S)
-    async with ChaosProxy("127.0.0.1", mosquitto.port, seed=21) as proxy:
-        lossy, src = _agent(tmp_path, HOST, proxy.port, qos=0)
-        direct, _ = _agent(tmp_path, OTHER, mosquitto.port, qos=1)
+@dataclass
+class Rig:
+    """What :func:`lossy_and_direct` runs: the chaos proxy, HOST's agent behind it and OTHER's
+    directly on the broker, each with its simulated port source."""
+
+    proxy: ChaosProxy
+    lossy: Agent
+    lossy_src: SimulatedPortSource
+    direct: Agent
+    direct_src: SimulatedPortSource
+
+
+@contextlib.asynccontextmanager
+async def lossy_and_direct(
+    service: TopologyService, port: int, tmp_path: Path, *, lossy_qos: int
+) -> AsyncIterator[Rig]:
+    """``service`` and two agents on the broker at ``port``: HOST's behind a chaos proxy (no
+    rules yet; subscribing at ``lossy_qos``), OTHER's directly. Yields once the API is up and
+    both acked their first plans; stops all three (deadlines) on the way out."""
+    async with ChaosProxy("127.0.0.1", port, seed=21) as proxy:
+        lossy, lossy_src = _agent(tmp_path, HOST, proxy.port, qos=lossy_qos)
+        direct, direct_src = _agent(tmp_path, OTHER, port, qos=1)
         tasks = [asyncio.create_task(x.run()) for x in (service, lossy, direct)]
         try:
             await until(
@@ -89,64 +107,70 @@ async def test_a_dropped_plan_is_resent_and_the_host_shown_until_it_acks(
                 "first plans acked",
                 timeout=15,
             )
-            old = service.state.acked_epoch(HOST)
-            assert old is not None
-            # its next plan (and the first re-send) never reach it; nor do its own peer
-            # routes of that solve, which would tell it that it is behind (it would ask:
-            # tests/test_plan_behind_bus.py): only the service's deadline re-sends bring it
-            proxy.rules.append(Rule("drop", "down", topics.plan(HOST), count=2))
-            proxy.rules.append(Rule("drop", "down", topics.peer_routes(HOST), count=1))
-            seen: dict[str, Any] = {"summary": [], "host": [], "gauge": []}
-            api = httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.api_port}", timeout=5)
-            with capture_logs() as logs:
-                lost = FABRIC.host(HOST).hcas[0]
-                src.link_down(lost.hca, lost.port)  # a full plan for this host follows
-                t0 = time.monotonic()
-                await until(
-                    lambda: (service.state.acked_epoch(HOST) or 0) > old, "its new plan out"
-                )
-                new = service.state.acked_epoch(HOST)
-
-                async def watched() -> bool:
-                    summary = (await api.get("/api/v1/summary")).json()
-                    host = (await api.get(f"/api/v1/hosts/{HOST}")).json()
-                    gauge = value((await api.get("/metrics")).text, "linkguard_hosts_not_acking")
-                    seen["summary"].append(summary["not_acking"])
-                    seen["host"].append(host["not_acking"])
-                    seen["gauge"].append(gauge)
-                    return _acked(service, HOST) and not summary["not_acking"] and gauge == 0
-
-                deadline = time.monotonic() + 10
-                while not await watched():
-                    assert time.monotonic() < deadline, (
-                        f"never acked epoch {new}: {seen['gauge'][-3:]}"
-                    )
-                    await asyncio.sleep(0.05)
-                took = time.monotonic() - t0
-            print(f"\nplan dropped twice at QoS 0: acked {took:.2f} s after the link went down")
-            plans = [a for a in proxy.actions if a[2] == topics.plan(HOST)]
-            assert plans == [("down", "drop", topics.plan(HOST))] * 2
-            assert proxy.actions.count(("down", "drop", topics.peer_routes(HOST))) == 1
-            assert lossy.applier.applied_epoch == new == service.state.acks[HOST].epoch
-            # first re-send after AFTER_S (dropped), the second AFTER_S * 2 later (taken)
-            assert 3 * AFTER_S <= took < 3 * AFTER_S + 3, took
-            warned = [e for e in logs if e["event"] == "host_not_acking"]
-            assert [(e["host"], e["epoch"], e["resends"]) for e in warned] == [
-                (HOST, new, 1),
-                (HOST, new, 2),
-            ]
-            assert AFTER_S <= warned[0]["age_s"] < AFTER_S + 1.5
-            assert 3 * AFTER_S <= warned[1]["age_s"] < 3 * AFTER_S + 1.5
-            # shown while late, everywhere, then cleared
-            shown = [s for s in seen["summary"] if s]
-            assert shown and all(s[0]["host"] == HOST and s[0]["epoch"] == new for s in shown)
-            assert any(h and h["epoch"] == new and h["resends"] >= 1 for h in seen["host"])
-            assert 1 in seen["gauge"] and seen["gauge"][-1] == 0 and seen["host"][-1] is None
-            text = (await api.get("/metrics")).text
-            await api.aclose()
-            assert value(text, "linkguard_plan_resends_total") == 2
+            yield Rig(proxy, lossy, lossy_src, direct, direct_src)
         finally:
             await _stop_all([lossy, direct], tasks, service)
+
+
+async def test_a_dropped_plan_is_resent_and_the_host_shown_until_it_acks(
+    mosquitto, tmp_path: Path
+) -> None:
+    service = _service(mosquitto.port, after_s=AFTER_S)
+    async with lossy_and_direct(service, mosquitto.port, tmp_path, lossy_qos=0) as rig:
+        proxy, lossy = rig.proxy, rig.lossy
+        src = rig.lossy_src
+        old = service.state.acked_epoch(HOST)
+        assert old is not None
+        # its next plan (and the first re-send) never reach it; nor do its own peer
+        # routes of that solve, which would tell it that it is behind (it would ask:
+        # tests/test_plan_behind_bus.py): only the service's deadline re-sends bring it
+        proxy.rules.append(Rule("drop", "down", topics.plan(HOST), count=2))
+        proxy.rules.append(Rule("drop", "down", topics.peer_routes(HOST), count=1))
+        seen: dict[str, Any] = {"summary": [], "host": [], "gauge": []}
+        api = httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.api_port}", timeout=5)
+        with capture_logs() as logs:
+            lost = FABRIC.host(HOST).hcas[0]
+            src.link_down(lost.hca, lost.port)  # a full plan for this host follows
+            t0 = time.monotonic()
+            await until(lambda: (service.state.acked_epoch(HOST) or 0) > old, "its new plan out")
+            new = service.state.acked_epoch(HOST)
+
+            async def watched() -> bool:
+                summary = (await api.get("/api/v1/summary")).json()
+                host = (await api.get(f"/api/v1/hosts/{HOST}")).json()
+                gauge = value((await api.get("/metrics")).text, "linkguard_hosts_not_acking")
+                seen["summary"].append(summary["not_acking"])
+                seen["host"].append(host["not_acking"])
+                seen["gauge"].append(gauge)
+                return _acked(service, HOST) and not summary["not_acking"] and gauge == 0
+
+            deadline = time.monotonic() + 10
+            while not await watched():
+                assert time.monotonic() < deadline, f"never acked epoch {new}: {seen['gauge'][-3:]}"
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - t0
+        print(f"\nplan dropped twice at QoS 0: acked {took:.2f} s after the link went down")
+        plans = [a for a in proxy.actions if a[2] == topics.plan(HOST)]
+        assert plans == [("down", "drop", topics.plan(HOST))] * 2
+        assert proxy.actions.count(("down", "drop", topics.peer_routes(HOST))) == 1
+        assert lossy.applier.applied_epoch == new == service.state.acks[HOST].epoch
+        # first re-send after AFTER_S (dropped), the second AFTER_S * 2 later (taken)
+        assert 3 * AFTER_S <= took < 3 * AFTER_S + 3, took
+        warned = [e for e in logs if e["event"] == "host_not_acking"]
+        assert [(e["host"], e["epoch"], e["resends"]) for e in warned] == [
+            (HOST, new, 1),
+            (HOST, new, 2),
+        ]
+        assert AFTER_S <= warned[0]["age_s"] < AFTER_S + 1.5
+        assert 3 * AFTER_S <= warned[1]["age_s"] < 3 * AFTER_S + 1.5
+        # shown while late, everywhere, then cleared
+        shown = [s for s in seen["summary"] if s]
+        assert shown and all(s[0]["host"] == HOST and s[0]["epoch"] == new for s in shown)
+        assert any(h and h["epoch"] == new and h["resends"] >= 1 for h in seen["host"])
+        assert 1 in seen["gauge"] and seen["gauge"][-1] == 0 and seen["host"][-1] is None
+        text = (await api.get("/metrics")).text
+        await api.aclose()
+        assert value(text, "linkguard_plan_resends_total") == 2
 
 
 async def test_an_agent_whose_plan_was_lost_on_connecting_asks_for_it(

@@ -23,6 +23,14 @@ from linkguard.nccl import (
 REAL = Path(__file__).resolve().parents[2] / "shared/fixtures/real/aws-ofi-nccl"
 
 
+def _down(hca: str, bdf: str) -> PortVerdict:
+    """Port 1 of ``hca`` (PCI address ``bdf``) down, unusable."""
+    return PortVerdict(
+        hca=hca, port=1, rail=0, link_layer="infiniband", numa_node=None, pcie_switch=None,
+        pci_address=bdf, usable=False, why="down", rate_gbps=None, expected_gbps=None,
+    )  # fmt: skip
+
+
 def _source(name: str) -> str:
     path = REAL / name
     if not path.is_file():
@@ -238,19 +246,7 @@ def test_a_nic_class_pci_left_with_only_a_comment_is_pruned_not_read_as_a_nic() 
         "</cpu></system>"
     )
     assert [n.bdf for n in parse_nccl_topo(src, source="in").nics] == ["0000:90:1b.0"]
-    verdict = PortVerdict(
-        hca="efa0",
-        port=1,
-        rail=0,
-        link_layer="infiniband",
-        numa_node=None,
-        pcie_switch=None,
-        pci_address="0000:90:1b.0",
-        usable=False,
-        why="down",
-        rate_gbps=None,
-        expected_gbps=None,
-    )
+    verdict = _down("efa0", "0000:90:1b.0")
     out = render_topology(src, [verdict], name="hand-written")
     assert out.removed == ("efa0/1",)
     assert out.nics == ()
@@ -278,19 +274,7 @@ def test_a_nic_class_pci_left_with_only_an_unknown_element_is_pruned_not_read_as
     )
     before = parse_nccl_topo(src, source="in").nics
     assert [(n.index, n.name) for n in before] == [(0, "rdmap97s0"), (1, "rdmap98s0")]
-    verdict = PortVerdict(
-        hca="rdmap97s0",
-        port=1,
-        rail=0,
-        link_layer="infiniband",
-        numa_node=None,
-        pcie_switch=None,
-        pci_address="0000:61:00.0",
-        usable=False,
-        why="down",
-        rate_gbps=None,
-        expected_gbps=None,
-    )
+    verdict = _down("rdmap97s0", "0000:61:00.0")
     out = render_topology(src, [verdict], name="spliced")
     assert out.removed == ("rdmap97s0/1",)
     assert out.nics == ("rdmap98s0",)

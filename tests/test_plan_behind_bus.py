@@ -13,7 +13,6 @@ The pure rules are in tests/agent/test_behind.py.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -21,10 +20,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from linkguard import topics
-from linkguard.simulations.chaosproxy import ChaosProxy, Rule
+from linkguard.simulations.chaosproxy import Rule
 from tests.support import until
-from tests.test_convergence_bus import FABRIC, HOST, OTHER, _acked, _agent, _service
-from tests.test_faults_survived import _stop_all
+from tests.test_convergence_bus import FABRIC, HOST, _acked, _service, lossy_and_direct
 
 pytestmark = pytest.mark.real
 
@@ -33,48 +31,39 @@ async def test_a_lost_plan_revealed_by_a_newer_epoch_elsewhere_is_asked_for(
     mosquitto, tmp_path: Path
 ) -> None:
     service = _service(mosquitto.port, after_s=60.0)  # no deadline re-send within the test
-    async with ChaosProxy("127.0.0.1", mosquitto.port, seed=21) as proxy:
-        lossy, src = _agent(tmp_path, HOST, proxy.port, qos=0)
-        direct, _ = _agent(tmp_path, OTHER, mosquitto.port, qos=1)
-        tasks = [asyncio.create_task(x.run()) for x in (service, lossy, direct)]
-        try:
+    async with lossy_and_direct(service, mosquitto.port, tmp_path, lossy_qos=0) as rig:
+        proxy, lossy = rig.proxy, rig.lossy
+        src = rig.lossy_src
+        compact = lossy.core.plan_received
+        assert compact is not None and compact.shared is not None
+        connects = lossy.bus.connects
+        proxy.rules.append(Rule("drop", "down", topics.plan(HOST), count=1))
+        with capture_logs() as logs:
+            lost = FABRIC.host(HOST).hcas[0]
+            src.link_down(lost.hca, lost.port)  # impaired: a full plan for it follows
+            t0 = time.monotonic()
+            await until(lambda: proxy.actions, "its new plan dropped")
+            owed = service.state.published[HOST]
+            assert owed.shared is None
             await until(
-                lambda: _acked(service, HOST) and _acked(service, OTHER),
-                "first plans acked",
-                timeout=15,
+                lambda: lossy.core.plan_received == owed and _acked(service, HOST),
+                "the lost plan applied and acked",
+                timeout=10,
             )
-            compact = lossy.core.plan_received
-            assert compact is not None and compact.shared is not None
-            connects = lossy.bus.connects
-            proxy.rules.append(Rule("drop", "down", topics.plan(HOST), count=1))
-            with capture_logs() as logs:
-                lost = FABRIC.host(HOST).hcas[0]
-                src.link_down(lost.hca, lost.port)  # impaired: a full plan for it follows
-                t0 = time.monotonic()
-                await until(lambda: proxy.actions, "its new plan dropped")
-                owed = service.state.published[HOST]
-                assert owed.shared is None
-                await until(
-                    lambda: lossy.core.plan_received == owed and _acked(service, HOST),
-                    "the lost plan applied and acked",
-                    timeout=10,
-                )
-                took = time.monotonic() - t0
-            print(f"\nplan lost, revealed by its peer routes: applied {took:.2f} s after")
-            assert proxy.actions == [("down", "drop", topics.plan(HOST))]
-            assert lossy.bus.connects == connects  # no reconnect: the evidence did it
-            assert lossy.applier.plan is not None
-            assert lossy.applier.plan.same_assignments(owed)
-            assert lossy.applier.applied_epoch == owed.epoch == service.state.acks[HOST].epoch
-            behind = [e for e in logs if e["event"] == "plan_behind"]
-            assert [(e["have"], e["source"]) for e in behind] == [(compact.epoch, "peer_routes")]
-            answered = [e for e in logs if e["event"] == "plan_request_answered"]
-            assert [(e["host"], e["reason"], e["have"]) for e in answered] == [
-                (HOST, "behind", compact.epoch)
-            ]
-            assert not [e for e in logs if e["event"] == "host_not_acking"]
-            assert service.convergence.resends == 1
-            assert lossy.core.behind.asked == 1
-            assert took < 8, took
-        finally:
-            await _stop_all([lossy, direct], tasks, service)
+            took = time.monotonic() - t0
+        print(f"\nplan lost, revealed by its peer routes: applied {took:.2f} s after")
+        assert proxy.actions == [("down", "drop", topics.plan(HOST))]
+        assert lossy.bus.connects == connects  # no reconnect: the evidence did it
+        assert lossy.applier.plan is not None
+        assert lossy.applier.plan.same_assignments(owed)
+        assert lossy.applier.applied_epoch == owed.epoch == service.state.acks[HOST].epoch
+        behind = [e for e in logs if e["event"] == "plan_behind"]
+        assert [(e["have"], e["source"]) for e in behind] == [(compact.epoch, "peer_routes")]
+        answered = [e for e in logs if e["event"] == "plan_request_answered"]
+        assert [(e["host"], e["reason"], e["have"]) for e in answered] == [
+            (HOST, "behind", compact.epoch)
+        ]
+        assert not [e for e in logs if e["event"] == "host_not_acking"]
+        assert service.convergence.resends == 1
+        assert lossy.core.behind.asked == 1
+        assert took < 8, took

@@ -37,6 +37,18 @@ def _setup(*, online: list[str] = H) -> tuple[FabricState, Convergence, dict[str
     return st, conv, since
 
 
+def _port_down(st: FabricState, host: str) -> None:
+    """``host``'s first port reported down (seq 2, at 2.0 s): a full plan for it and its
+    peer routes at the next solve."""
+    hca = FABRIC.host(host).hcas[0]
+    st.on_port_state(
+        PortState(
+            host=host, hca=hca.hca, port=hca.port, rail=hca.rail, status=PortStatus.DOWN,
+            seq=2, observed_at=2.0,
+        )
+    )  # fmt: skip
+
+
 def _ack(
     st: FabricState,
     conv: Convergence,
@@ -105,18 +117,7 @@ def test_a_compact_plan_is_resent_with_the_peer_routes_it_has_not_acked() -> Non
     for h in H:
         _ack(st, conv, h, first[h])
     # a port of H[3] goes down: its full plan and its peer routes; whole hosts owe the latter
-    hca = FABRIC.host(H[3]).hcas[0]
-    st.on_port_state(
-        PortState(
-            host=H[3],
-            hca=hca.hca,
-            port=hca.port,
-            rail=hca.rail,
-            status=PortStatus.DOWN,
-            seq=2,
-            observed_at=2.0,
-        )
-    )
+    _port_down(st, H[3])
     solved = st.solve(now=20.0)
     assert [p.host for p in solved.peers] == [H[3]]
     conv.sent([topics.peer_routes(H[3]), topics.plan(H[3])], 20.0)
@@ -136,13 +137,7 @@ def test_an_ack_of_the_epoch_without_a_peers_routes_is_not_converged() -> None:
     for h in H:
         _ack(st, conv, h, st.acked_epoch(h), peers={})
     assert st.pending_acks() == []
-    hca = FABRIC.host(H[3]).hcas[0]
-    st.on_port_state(
-        PortState(
-            host=H[3], hca=hca.hca, port=hca.port, rail=hca.rail, status=PortStatus.DOWN,
-            seq=2, observed_at=2.0,
-        )
-    )  # fmt: skip
+    _port_down(st, H[3])
     solved = st.solve(now=20.0)
     assert [p.host for p in solved.peers] == [H[3]]
     epoch = st.peers[H[3]].epoch

@@ -6,27 +6,15 @@ the re-send pile-up of the 64-agent chaos run)."""
 from __future__ import annotations
 
 from linkguard import topics
-from linkguard.models import PortState, PortStatus
 from linkguard.topology.effects import PublishPlans
-from tests.topology.test_convergence import FABRIC, H, _ack, _resent_topics, _setup
+from tests.topology.test_convergence import H, _ack, _port_down, _resent_topics, _setup
 
 
 def test_hosts_due_together_share_one_publish_of_each_peer_routes_message() -> None:
     st, conv, _ = _setup()
     for h in H:
         _ack(st, conv, h, st.acked_epoch(h))
-    hca = FABRIC.host(H[3]).hcas[0]
-    st.on_port_state(
-        PortState(
-            host=H[3],
-            hca=hca.hca,
-            port=hca.port,
-            rail=hca.rail,
-            status=PortStatus.DOWN,
-            seq=2,
-            observed_at=2.0,
-        )
-    )
+    _port_down(st, H[3])
     solved = st.solve(now=20.0)
     conv.sent([topics.peer_routes(p.host) for p in solved.peers] + [topics.plan(H[3])], 20.0)
     _ack(st, conv, H[3], st.acked_epoch(H[3]))
