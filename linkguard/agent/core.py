@@ -197,7 +197,11 @@ class AgentCore:
         plan = self.plan_received
         if ack.result != AckResult.APPLIED or plan is None or plan.shared is None:
             return ack
-        return ack.model_copy(update={"peers": {h: p.epoch for h, p in self.peers.items()}})
+        # only peers with routes: the service checks no other (ack_covers), and an ack is
+        # retained per host: after a leaf failure many peers' emptied messages would ride
+        # on every host's ack for nothing
+        held = {h: p.epoch for h, p in self.peers.items() if p.classes}
+        return ack.model_copy(update={"peers": held})
 
     def fast_path_applied(self, port: str, ack: Ack | None) -> list[Effect]:
         """The ack of a :class:`FastPath` (None: no plan, or no backup for ``port``)."""
