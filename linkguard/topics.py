@@ -2,6 +2,8 @@
 
 Layout (all QoS 1; "R" = retained):
   linkguard/v1/hosts/<host>/inventory            R  HostInventory
+  linkguard/v1/hosts/<host>/discovery            R  HostDiscovery (every RDMA port, netdev,
+                                                    LLDP neighbour: ``fabric discover``)
   linkguard/v1/hosts/<host>/status               R  HostStatus (last will: online=false)
   linkguard/v1/hosts/<host>/ports/<hca>/<port>   R  PortState
   linkguard/v1/hosts/<host>/events                  PortEvent
@@ -75,9 +77,11 @@ __all__ = [
     "PREFIX",
     "ParsedTopic",
     "ack",
+    "all_discovery",
     "all_host_topics",
     "all_peer_routes",
     "all_plans",
+    "discovery",
     "events",
     "events_confirmed",
     "fabric_faults",
@@ -111,6 +115,10 @@ def _seg(value: str) -> str:
 
 def inventory(host: str) -> str:
     return f"{PREFIX}/hosts/{_seg(host)}/inventory"
+
+
+def discovery(host: str) -> str:
+    return f"{PREFIX}/hosts/{_seg(host)}/discovery"
 
 
 def status(host: str) -> str:
@@ -174,6 +182,11 @@ def all_host_topics() -> str:
     return f"{PREFIX}/hosts/#"
 
 
+def all_discovery() -> str:
+    """Subscription filter for every host's discovery document (``fabric discover``)."""
+    return f"{PREFIX}/hosts/+/discovery"
+
+
 def all_plans() -> str:
     return f"{PREFIX}/plans/+"
 
@@ -184,7 +197,7 @@ def all_peer_routes() -> str:
 
 @dataclass(frozen=True)
 class ParsedTopic:
-    # inventory | status | port | events | ack | probes | plan_request | plan | peers |
+    # inventory | discovery | status | port | events | ack | probes | plan_request | plan | peers |
     # probe_targets | confirmed; host ""
     # for the fabric-wide ones: service_status | service_audit | service_health | fabric_faults
     kind: str
@@ -220,7 +233,7 @@ def parse(topic: str) -> ParsedTopic | None:
         return None
     host = parts[3]
     rest = parts[4:]
-    if rest in (["inventory"], ["status"], ["events"], ["ack"], ["probes"]):
+    if rest in (["inventory"], ["discovery"], ["status"], ["events"], ["ack"], ["probes"]):
         return ParsedTopic(rest[0], host)
     if rest == ["plan-request"]:
         return ParsedTopic("plan_request", host)

@@ -24,6 +24,7 @@ import time
 import structlog
 
 from linkguard import topics
+from linkguard.agent.discoveryio import collect_discovery, same_discovery
 from linkguard.agent.executor import EffectExecutor
 from linkguard.bus import BusMessage
 from linkguard.models import (
@@ -34,6 +35,7 @@ from linkguard.models import (
     Plan,
     ServiceStatus,
     decode,
+    encode,
 )
 
 __all__ = ["MessageDispatch"]
@@ -139,11 +141,31 @@ class MessageDispatch(EffectExecutor):
 
     async def _refresh(self) -> None:
         """Re-publish every port state each ``refresh_interval_s``, +-10 % at random: agents
-        started together (a fleet reboot) do not refresh in one burst on the broker."""
+        started together (a fleet reboot) do not refresh in one burst on the broker. The
+        discovery document first, then again each ``discovery.refresh_s`` when it changed."""
+        await self._refresh_discovery()
+        next_discovery = time.monotonic() + self.settings.discovery.refresh_s
         while True:
             await asyncio.sleep(self.settings.refresh_interval_s * random.uniform(0.9, 1.1))
             for st in self.monitor.snapshot(wall=time.time()):
                 await self._publish_state(st)
+            if time.monotonic() >= next_discovery:
+                next_discovery = time.monotonic() + self.settings.discovery.refresh_s
+                await self._refresh_discovery()
+
+    async def _refresh_discovery(self) -> None:
+        """Collect the discovery document; publish it (retained) when it changed. Before the
+        first connection the publish is dropped and the announce at connect sends it."""
+        if not self.settings.discovery.enabled:
+            return
+        found = await collect_discovery(self.settings, self.inventory, wall=time.time())
+        if same_discovery(self.discovery, found):
+            return
+        self.discovery = found
+        if found.problems:
+            log.warning("discovery_problems", problems=found.problems[:10])
+        if self._announced:
+            await self.bus.publish(topics.discovery(self.host), encode(found), retain=True)
 
     async def _resend(self) -> None:
         """The core's timed decisions (:meth:`~linkguard.agent.core.AgentCore.due`) -> bus:

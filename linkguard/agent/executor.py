@@ -71,6 +71,7 @@ from linkguard.models import (
     decode,
     encode,
 )
+from linkguard.models.discovery import HostDiscovery
 from linkguard.nccl import NcclFiles
 from linkguard.presence import Me
 
@@ -116,6 +117,8 @@ class EffectExecutor:
     me: Me
     inbox: Inbox
     prober: ProbeRunner | None
+    #: what ``fabric discover`` reads (linkguard.agent.discoveryio); None until collected
+    discovery: HostDiscovery | None = None
 
     def stop(self) -> None:
         """Stop the agent (the wiring's)."""
@@ -380,6 +383,8 @@ class EffectExecutor:
             return
         self._announced = True
         await self.bus.publish(topics.inventory(self.host), encode(self.inventory), retain=True)
+        if self.discovery is not None:
+            await self.bus.publish(topics.discovery(self.host), encode(self.discovery), retain=True)
         for st in self.monitor.snapshot(wall=time.time()):
             await self._publish_state(st)
         if self.last_ack is not None:

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from linkguard.cli import faults
+from linkguard.cli import discover, faults
 from linkguard.cli.common import fail, positive, write
 
 #: Generator options shared by ``fabric generate``/``show``/``export``, with their defaults.
@@ -119,6 +119,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_export(fsub)
     _add_audit(fsub)
     faults.add_parser(fsub)
+    discover.add_parsers(fsub)
 
 
 def _add_generate(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -227,8 +228,8 @@ def _add_audit(fsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot express (exit 2 with a message naming the option)."""
-    if args.command != "fabric" or args.fabric_command == "faults":  # see faults.check_usage
-        return
+    if args.command != "fabric" or args.fabric_command in ("faults", "discover", "facts"):
+        return  # see faults.check_usage; discover's are checked in discover.run
     parser = args.subparser
     if args.fabric_command == "generate":
         _check_format_suffix(parser, args, writes=("json", "yaml"))
@@ -311,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.fabric_command == "faults":
         return faults.run(args)
+    if args.fabric_command in ("discover", "facts"):
+        return discover.run(args)
     configure_logging("console", "warning")  # stdout carries the fabric; logs go to stderr
     if args.fabric_command == "audit":
         return _audit(args)

@@ -10,7 +10,8 @@ Port state names and numbers follow the InfiniBand Architecture Specification vo
 
 The models live in :mod:`~linkguard.models.base` (fields, ports, hosts, statuses, faults, the
 codec), :mod:`~linkguard.models.plan` (plans and acks) and :mod:`~linkguard.models.probe`
-(probe targets and reports); every public name is importable from here.
+(probe targets and reports), :mod:`~linkguard.models.discovery` (what a host reports
+for fabric discovery); every public name is importable from here.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ from linkguard.models.base import PCIeSwitchId as PCIeSwitchId
 from linkguard.models.base import PortNum as PortNum
 from linkguard.models.base import RailIndex as RailIndex
 from linkguard.models.base import SwitchName as SwitchName
+from linkguard.models.discovery import (
+    HostDiscovery,
+    LldpNeighbour,
+    NetdevFacts,
+    RdmaPortFacts,
+)
 from linkguard.models.plan import (
     Ack,
     AckResult,
@@ -94,10 +101,13 @@ __all__ = [
     "EventsConfirmed",
     "FabricFaults",
     "HCAInfo",
+    "HostDiscovery",
     "HostInventory",
     "HostStatus",
     "LinkLayer",
+    "LldpNeighbour",
     "ManagementHostsPerSU",
+    "NetdevFacts",
     "PeerClass",
     "PeerRoutes",
     "PhysState",
@@ -115,6 +125,7 @@ __all__ = [
     "ProbeReport",
     "ProbeTargets",
     "RailAssignment",
+    "RdmaPortFacts",
     "RouteAssignment",
     "ServiceStatus",
     "SettingsModel",

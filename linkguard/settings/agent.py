@@ -24,6 +24,7 @@ from linkguard.settings.base import listen_address
 from linkguard.settings.deprecations import Renames, move_deprecated
 from linkguard.settings.role import SettingsBase
 from linkguard.settings.sections import (
+    DiscoverySettings,
     HookSettings,
     PortConfig,
     ProbeRunSettings,
@@ -118,6 +119,11 @@ class AgentSettings(SettingsBase):
     )
     damping: DampingPolicy = Field(
         DampingPolicy(), description="flap damping: how long a flapping port is held down"
+    )
+    discovery: DiscoverySettings = Field(
+        default_factory=DiscoverySettings,
+        description="what the agent reports for `linkguard fabric discover` (RDMA ports, "
+        "netdevs, LLDP neighbours)",
     )
     counter_health: CounterHealthPolicy = Field(
         default_factory=CounterHealthPolicy,

@@ -389,3 +389,28 @@ class VerbsSettings(Section):
     reader: Path | None = Field(
         None, description="the event reader script; None: the one shipped in linkguard.drivers"
     )
+
+
+class DiscoverySettings(Section):
+    """What the agent reports for ``linkguard fabric discover`` (``discovery:``;
+    :mod:`linkguard.agent.discoveryio`): every RDMA port with its GUIDs, the netdevs with
+    bonds and addresses, and lldpd's neighbours, retained on ``hosts/<host>/discovery``."""
+
+    enabled: bool = Field(True, description="publish the discovery document at all")
+    lldp: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="LLDP neighbours from lldpd (RoCE fabrics): auto: run lldp_command when "
+        "lldpctl is installed, quietly skip when it is not; on: a failure is logged; off: never",
+    )
+    lldp_command: list[str] = Field(
+        default_factory=lambda: ["lldpctl", "-f", "json"],
+        min_length=1,
+        description="the command printing lldpctl JSON (e.g. with -u SOCKET for an lldpd of "
+        "another network namespace)",
+    )
+    lldp_file: Path | None = Field(
+        None, description="read the neighbours from this lldpctl JSON file instead of running it"
+    )
+    refresh_s: float = Field(
+        300.0, ge=5, le=86_400, description="collect again this often (s); published on change"
+    )
