@@ -24,8 +24,10 @@ WIRING = {
     # announce (restarted on each connect) and neighbour-flush (a fast path's, awaited)
     "linkguard/agent/daemon.py": 12,
     # the TaskGroup's bus, solver, auditor, route_around, resender, convergence, leader, stop,
-    # prober, api; reissue:<topic> (one per foreign message being answered, cancelled at the end)
-    "topology/service.py": 11,
+    # prober, api; reissue:<topic> (one per foreign message being answered, cancelled at the end);
+    # on a discovered fabric (run_discovered): the service on the current fabric, and the
+    # discovery-wait for a changed document, a stop or the service's end (cancelled after)
+    "topology/service.py": 13,
 }
 
 #: modules outside the wiring that start tasks: (count, why it is not the wiring's)

@@ -40,21 +40,26 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from linkguard import topics
 from linkguard.bus import Bus, BusMessage, BusSession, Will
+from linkguard.buslife import BusLife
 from linkguard.config import ServiceSettings
 from linkguard.ledger import Ledger
 from linkguard.models import encode
 from linkguard.presence import DuplicateInstanceError, Me
+from linkguard.settings.discoversection import FabricDiscovery
 from linkguard.signing import Signer
 from linkguard.stopdeadline import on_stop_signals
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.core import DECODERS, ServiceCore
+from linkguard.topology.discover import Discovery
+from linkguard.topology.discoverdesk import DiscoveryDesk
+from linkguard.topology.discoverio import load_discovery
 from linkguard.topology.effects import (
     Effect,
     Emit,
@@ -74,7 +79,7 @@ from linkguard.topology.serviceio import ServiceIO, fabric_from_settings
 if TYPE_CHECKING:
     from linkguard.topology.api import ApiServer
 
-__all__ = ["TopologyService", "fabric_from_settings", "run_service"]
+__all__ = ["TopologyService", "fabric_from_settings", "run_discovered", "run_service"]
 
 log = structlog.get_logger(__name__)
 
@@ -88,11 +93,17 @@ class TopologyService(ScheduleIO, ProbesIO):
         *,
         fabric: Fabric | None = None,
         bus_factory: Callable[..., BusSession] = Bus,
+        expected: Fabric | None = None,
+        discovered: Discovery | None = None,
     ) -> None:
         """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
-        arguments); simulations pass an in-memory bus. Raises KeyFileError (a ConfigError)
-        for a ``signing_key`` file that cannot be used, e.g. mode 0644."""
+        arguments); simulations pass an in-memory bus. ``expected`` and ``discovered`` (with
+        ``fabric: {discover: ...}``): the fleet audit compares the expected fabric with the
+        discovered one. Raises KeyFileError (a ConfigError) for a ``signing_key`` file that
+        cannot be used, e.g. mode 0644."""
         self.settings = settings
+        self.audit_expected = expected
+        self.discovered = discovered
         self.signer = Signer.from_file(settings.signing_key) if settings.signing_key else None
         self.fabric = fabric if fabric is not None else fabric_from_settings(settings)
         self.me = Me()
@@ -292,8 +303,127 @@ _DECODERS = DECODERS
 
 
 async def run_service(settings: ServiceSettings) -> None:
-    """Run until SIGTERM/SIGINT."""
+    """Run until SIGTERM/SIGINT; on a discovered fabric with ``fabric: {discover: ...}``."""
+    if isinstance(settings.fabric, FabricDiscovery):
+        await run_discovered(settings, settings.fabric)
+        return
     service = TopologyService(settings)
     on_stop_signals(service.stop, process="topology")  # a stop that hangs ends after 10 s
     with contextlib.suppress(asyncio.CancelledError):
         await service.run()
+
+
+async def run_discovered(
+    settings: ServiceSettings,
+    spec: FabricDiscovery,
+    *,
+    bus_factory: Callable[..., BusSession] = Bus,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """The service on a discovered fabric: collect the agents' discovery documents
+    (``hosts/+/discovery``) for ``settle_s``, build the fabric
+    (:class:`~linkguard.topology.discoverdesk.DiscoveryDesk`), run the service on it; when a
+    document arrives that changes the fabric (a new host, a re-cabled port), wait ``settle_s``
+    more, build again and run the service on the new fabric (its core starts again, as after a
+    restart). Until a host can be placed it waits, saying why. Ends on SIGTERM/SIGINT or when
+    ``stop`` is set (tests). Raises ConfigError for inputs that cannot be read."""
+    desk, expected = await asyncio.to_thread(load_discovery, spec)
+    settle = spec.discover.settle_s
+    signals = stop is None
+    stop = stop if stop is not None else asyncio.Event()
+    changed = asyncio.Event()  # collector bus -> this loop
+    service: TopologyService | None = None
+    running: asyncio.Task[None] | None = None
+
+    def stopping() -> None:
+        stop.set()
+        if service is not None:
+            service.stop()
+
+    if signals:
+        on_stop_signals(stopping, process="topology")
+
+    async def take(m: BusMessage) -> None:
+        if desk.take(m.topic, m.payload, max_bytes=settings.bus.max_message_bytes):
+            changed.set()
+
+    async def quiet(seconds: float) -> bool:
+        """Wait ``seconds`` unless stopped; False when stopped."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await stop.wait()
+        return not stop.is_set()
+
+    me = Me()
+    collector = bus_factory(
+        **settings.bus.connection(),
+        client_id=f"linkguard-discovery-{me.instance}",
+        subscriptions=[topics.all_discovery()],
+        handler=take,
+    )
+    assert isinstance(collector, BusLife)  # Bus and MemoryBus: `async with` runs the handler
+    async with collector:
+        fabric: Fabric | None = None
+        while await quiet(settle):
+            changed.clear()
+            result = desk.build()
+            _log_discovery(result, desk)
+            if result.fabric is None or result.fabric == fabric:
+                if service is None:
+                    log.warning("fabric_discovery_waiting", documents=len(desk.docs))
+                await _first(changed.wait(), stop.wait())
+                continue
+            if service is not None and running is not None:
+                log.info("fabric_discovery_changed", hosts=len(result.fabric.hosts))
+                service.stop()
+                await running
+            fabric = result.fabric
+            service = TopologyService(
+                settings,
+                fabric=fabric,
+                bus_factory=bus_factory,
+                expected=expected,
+                discovered=result,
+            )
+            running = asyncio.create_task(service.run(), name="service")
+            await _first(changed.wait(), stop.wait(), running)
+            if running.done():
+                running.result()  # a failure (leadership lost, duplicate) ends the run
+                return
+        if service is not None and running is not None:
+            service.stop()
+            await running
+
+
+async def _first(*waits: Coroutine[Any, Any, object] | asyncio.Task[Any]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others (a task passed in is
+    left running)."""
+    tasks = [
+        w if isinstance(w, asyncio.Task) else asyncio.create_task(w, name="discovery-wait")
+        for w in waits
+    ]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t, w in zip(tasks, waits, strict=True):
+            if t is not w:
+                t.cancel()
+
+
+def _log_discovery(result: Discovery, desk: DiscoveryDesk) -> None:
+    f = result.fabric
+    log.info(
+        "fabric_discovered",
+        documents=len(desk.docs),
+        hosts=len(f.hosts) if f else 0,
+        rails=len(f.rails) if f else 0,
+        switches=len(f.switches) if f else 0,
+        unknowns=len(result.unknowns),
+    )
+    for u in result.unknowns:
+        log.warning(
+            "fabric_discovery_unknown", host=u.host, device=u.device, rule=u.rule, detail=u.detail
+        )
+    for line in desk.refused:
+        log.warning("discovery_document_refused", detail=line)
+    desk.refused.clear()

@@ -37,10 +37,12 @@ from linkguard.models import (
     ServiceStatus,
     encode,
 )
+from linkguard.settings.discoversection import FabricDiscovery
 from linkguard.signing import Signer
 from linkguard.topology.audit import audit, format_json
 from linkguard.topology.changes import ChangeFeed
 from linkguard.topology.core import ServiceCore
+from linkguard.topology.discover import Discovery
 from linkguard.topology.effects import (
     AnnounceOnline,
     ClearRetained,
@@ -70,6 +72,11 @@ def fabric_from_settings(settings: ServiceSettings) -> Fabric:
     a fabric nobody described) or the ``generate:`` parameters cannot be built (e.g.
     ``spines_per_su: 0`` with more than one SU), and :class:`FabricError` for a bad file or
     one that cannot give applicable plans (:func:`~linkguard.topology.fabric.serving_problems`)."""
+    if isinstance(settings.fabric, FabricDiscovery):
+        raise ConfigError(
+            "fabric: {discover: ...}: the fabric is discovered at run time from the agents "
+            "(linkguard.topology.discoverio), not read from settings"
+        )
     if settings.fabric is not None:
         return check_servable(load_fabric(settings.fabric), settings.fabric)
     if settings.generate is None:
@@ -118,6 +125,9 @@ class ServiceIO:
     #: when the bus first connected (monotonic s): the start-up settle counts from it
     _first_connect: float | None
     ledger: Ledger | None
+    #: with ``fabric: {discover: ...}`` and an expected fabric: the audit compares the two
+    audit_expected: Fabric | None
+    discovered: Discovery | None
 
     # the core's state under the names the service always had (other code and tests read them)
     state = _Delegate(lambda c: c.state)
@@ -457,8 +467,16 @@ class ServiceIO:
             self._audit_kick.clear()
             online = {h for h, up in core.state.online.items() if up}
             inventories = {h: inv for h, inv in core.inventories.items() if h in online}
+            # on a discovered fabric with an expected one: what contradicts it, as found
+            expected = self.audit_expected
+            found = self.discovered if expected is not None else None
             findings = await asyncio.to_thread(
-                audit, self.fabric, inventories=inventories, reported_hosts=online | core.strangers
+                audit,
+                expected if expected is not None else self.fabric,
+                observed=found.fabric if found is not None else None,
+                observed_guids=found.guids if found is not None else None,
+                inventories=inventories,
+                reported_hosts=online | core.strangers,
             )
             doc = format_json(findings)
             if doc != self.audit_json and core.duplicate is None:  # not the other's audit

@@ -96,16 +96,6 @@ async def collect_discovery(
 
 
 def same_discovery(a: HostDiscovery | None, b: HostDiscovery) -> bool:
-    """Equal but for ``collected_at`` (and the ports' live ``state``): nothing to publish."""
-    if a is None:
-        return False
-
-    def core(d: HostDiscovery) -> dict:
-        data = d.model_dump(exclude={"collected_at"})
-        for p in data["ports"]:
-            p.pop("state", None)
-        for n in data["netdevs"]:
-            n.pop("carrier", None)
-        return data
-
-    return core(a) == core(b)
+    """Nothing to publish: ``b`` is ``a`` but for what changes without the host's attachment
+    changing (:meth:`HostDiscovery.same_as`)."""
+    return b.same_as(a)

@@ -137,11 +137,17 @@ def start_problems(settings: AgentSettings | ServiceSettings) -> list[str]:
             except ConfigError as exc:
                 problems.append(f"service_public_key: {exc}")
         return problems
+    from linkguard.settings.discoversection import FabricDiscovery
     from linkguard.topology.fabric import FabricError
     from linkguard.topology.serviceio import fabric_from_settings
 
     try:
-        fabric_from_settings(settings)
+        if isinstance(settings.fabric, FabricDiscovery):
+            from linkguard.topology.discoverio import load_discovery
+
+            load_discovery(settings.fabric)  # the switch graph and the expected fabric
+        else:
+            fabric_from_settings(settings)
     except (ConfigError, FabricError) as exc:
         problems.append(f"fabric: {exc}")
     if settings.signing_key is not None:

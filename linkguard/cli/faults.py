@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc), 2)
     bus = settings.bus
-    if args.fabric is not None or settings.fabric is not None or settings.generate is not None:
+    from linkguard.settings.discoversection import FabricDiscovery
+
+    discovered = isinstance(settings.fabric, FabricDiscovery)  # known at run time only
+    if args.fabric is not None or (
+        not discovered and (settings.fabric is not None or settings.generate is not None)
+    ):
         from linkguard.topology.fabric import load_fabric
         from linkguard.topology.service import fabric_from_settings
         from linkguard.topology.state import FabricState

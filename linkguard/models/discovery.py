@@ -112,6 +112,22 @@ class HostDiscovery(_Model):
     )
     collected_at: float = Field(0.0, ge=0, description="wall-clock seconds since the Unix epoch")
 
+    def same_as(self, other: HostDiscovery | None) -> bool:
+        """Equal but for ``collected_at``, the ports' ``state`` and the carriers (what changes
+        without the host's attachment changing)."""
+        if other is None:
+            return False
+
+        def core(d: HostDiscovery) -> dict:
+            data = d.model_dump(exclude={"collected_at"})
+            for p in data["ports"]:
+                p.pop("state", None)
+            for n in data["netdevs"]:
+                n.pop("carrier", None)
+            return data
+
+        return core(self) == core(other)
+
     def netdev(self, name: str | None) -> NetdevFacts | None:
         """The interface named ``name``, or None."""
         return next((n for n in self.netdevs if n.name == name), None) if name else None

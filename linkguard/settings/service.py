@@ -18,6 +18,7 @@ from pydantic_settings import SettingsConfigDict
 
 from linkguard.backoffpolicy import BackoffPolicy
 from linkguard.settings.deprecations import Renames, move_deprecated
+from linkguard.settings.discoversection import FabricDiscovery
 from linkguard.settings.role import SettingsBase
 from linkguard.settings.sections import ProbeRunSettings
 from linkguard.settings.servicesections import (
@@ -55,7 +56,11 @@ class ServiceSettings(SettingsBase):
     def _old_keys(cls, data: Any) -> Any:
         return move_deprecated(data, cls.renamed_keys)
 
-    fabric: Path | None = Field(None, description="fabric file (JSON/YAML); None = generate")
+    fabric: Path | FabricDiscovery | None = Field(
+        None,
+        description="fabric file (JSON/YAML), or {discover: {...}} to run on a fabric "
+        "discovered from the agents (docs/discovery.md); None = generate",
+    )
     generate: GeneratorSettings | None = Field(
         None, description="generator parameters, when there is no fabric file"
     )
