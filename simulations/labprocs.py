@@ -43,6 +43,7 @@ from linkguard.models import (
     decode,
     expand_plan,
 )
+from linkguard.models.discovery import HostDiscovery
 from linkguard.simulations.lab import Lab
 from linkguard.topology.fabric import Fabric, dump_fabric
 
@@ -274,6 +275,8 @@ class Observer:
     last_plan_at: float = 0.0
     #: messages received by topic kind (ack, plan, port, ...)
     kinds: Counter[str] = field(default_factory=Counter)
+    #: each host's latest discovery document (``fabric discover``)
+    discovery: dict[str, HostDiscovery] = field(default_factory=dict)
 
     async def handle(self, msg: BusMessage) -> None:
         p = topics.parse(msg.topic)
@@ -293,6 +296,8 @@ class Observer:
                 if plan.shared is not None:
                     self.plans[host].append((now, expand_plan(plan, self.peers)))
             self.last_plan_at = now
+        elif p.kind == "discovery":
+            self.discovery[p.host] = decode(HostDiscovery, msg.payload)
         elif p.kind == "port":
             st = decode(PortState, msg.payload)
             self.states.append((now, st))
@@ -357,6 +362,7 @@ def write_configs(
     sysfs_roots: dict[str, Path] | None = None,
     service_extra: dict[str, Any] | None = None,
     agent_extra: Mapping[str, Any] | None = None,
+    per_host_extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``workdir/fabric.yaml``, the service config and one agent config per host (lab
     host i is fabric host i); returns ``{"service": path, host: path, ...}``.
@@ -366,7 +372,8 @@ def write_configs(
     given), withdraw on shutdown. Service: ``debounce_ms`` (None: the service's default) and
     any other settings in ``service_extra`` (merged; e.g. ``{"solve": {"initial_ms": 0}}``).
     Every agent also gets ``agent_extra`` (nested, as :func:`agent_overrides` returns it, e.g.
-    ``{"routes": {"rto_min_ms": 20}}``), merged over what the lab writes."""
+    ``{"routes": {"rto_min_ms": 20}}``), merged over what the lab writes, then its own
+    ``per_host_extra[host]``."""
     (workdir / "fabric.yaml").write_text(dump_fabric(fabric, "yaml"))
     paths: dict[str, Path] = {}
     svc: dict[str, Any] = {
@@ -418,18 +425,32 @@ def write_configs(
             if p["link_layer"] is None:
                 del p["link_layer"]
         _merge(cfg, copy.deepcopy(dict(agent_extra or {})))
+        _merge(cfg, copy.deepcopy(dict((per_host_extra or {}).get(inv.host, {}))))
         paths[inv.host] = workdir / f"agent-{inv.host}.yaml"
         paths[inv.host].write_text(yaml.safe_dump(cfg))
     return paths
 
 
-async def start_all(procs: Procs, obs: Observer, cfgs: dict[str, Path], names: list[str]) -> int:
+async def start_all(
+    procs: Procs,
+    obs: Observer,
+    cfgs: dict[str, Path],
+    names: list[str],
+    *,
+    agents_first: bool = False,
+) -> int:
     """Start the service and one agent per host from ``cfgs`` (see :func:`write_configs`), wait
-    (up to 30 s) until every host acked its first plan; the highest epoch among those plans."""
+    (up to 30 s) until every host acked its first plan; the highest epoch among those plans.
+    ``agents_first`` (a service on a discovered fabric): the agents, then, once every host's
+    discovery document is on the bus, the service."""
     procs.seen = lambda: obs.summary(names)
-    procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
+    if not agents_first:
+        procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
     for n in names:
         procs.start(n, ["agent", "-c", str(cfgs[n])])
+    if agents_first:
+        await until(lambda: set(names) <= set(obs.discovery), 30, "every discovery document", procs)
+        procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
 
     def all_acked() -> bool:
         for n in names:

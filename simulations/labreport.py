@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from linkguard.simulations.engine import ExpectResult, mismatch_lines
 
@@ -181,6 +182,9 @@ class LabReport:
     workdir: str | None = None
     wall_s: float = 0.0
     passed: bool = False
+    #: with --discover: what was discovered (hosts, rails, leaves, unknowns, differences from
+    #: the lab's fabric); None on the generated fabric
+    discovered: dict[str, Any] | None = None
 
     @property
     def failures(self) -> list[str]:
@@ -195,6 +199,9 @@ class LabReport:
         bad = {n: c for n, c in self.exit_codes.items() if c != 0}
         if bad:
             out.append(f"unclean exits: {bad}")
+        if self.discovered and self.discovered["differences"]:
+            first = self.discovered["differences"][0]
+            out.append(f"discovered fabric is not the lab's: {first}")
         return out
 
     def to_dict(self) -> dict[str, object]:
@@ -218,6 +225,13 @@ class LabReport:
             f"steps in {self.duration_s:g} s"
             + (f", debounce {self.debounce_ms:g} ms" if self.debounce_ms is not None else ""),
         ]
+        if self.discovered is not None:
+            d = self.discovered
+            same = "the lab's fabric" if not d["differences"] else "NOT the lab's fabric"
+            lines.append(
+                f"  fabric discovered from lldpd and the agents: {d['hosts']} hosts, "
+                f"{d['rails']} rails, {d['leaves']} leaves, {len(d['unknowns'])} unknowns: {same}"
+            )
         if self.agent_settings:
             sets = ", ".join(f"{k}={v}" for k, v in self.agent_settings.items())
             lines.append(f"  agent settings added: {sets}")

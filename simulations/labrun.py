@@ -59,12 +59,19 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
 from linkguard.config import ServiceSettings
 from linkguard.simulations.jobspec import job_hosts
 from linkguard.simulations.lab import Lab
+from linkguard.simulations.labdiscover import (
+    LldpdSet,
+    compare_discovered,
+    discover_settings,
+    discovered_from_docs,
+)
 from linkguard.simulations.labflows import FLOW_INTERVAL_MS, choose_flows
 from linkguard.simulations.labinject import FaultInjector, LabRig
 from linkguard.simulations.labjob import LabJob
@@ -133,8 +140,13 @@ class _LabRun:
         workdir: Path,
         progress: Callable[[str], None],
         agent_settings: dict[str, object] | None = None,
+        discover: bool = False,
     ) -> None:
         self.loaded = loaded
+        #: the service runs on the fabric discovered from lldpd and the agents
+        #: (:mod:`~linkguard.simulations.labdiscover`), not on the generated file
+        self.discover = discover and linkguard
+        self.lldp: LldpdSet | None = None
         sc = loaded.scenario
         self.sc = sc
         self.fabric = loaded.fabric
@@ -190,6 +202,7 @@ class _LabRun:
         lab = rig.lab = Lab.from_fabric(f, management=self.sc.job is not None)
         broker = rig.broker = MosquittoProcess(self.workdir / "broker").start()
         if self.linkguard:
+            service_extra, per_host = await self._discovery(lab)
             rig.cfgs = write_configs(
                 self.workdir,
                 lab,
@@ -198,12 +211,16 @@ class _LabRun:
                 damping=self.sc.damping or DampingPolicy(),
                 debounce_ms=self.sc.debounce_ms,
                 agent_extra=agent_overrides(self.agent_settings),
+                service_extra=service_extra,
+                per_host_extra=per_host,
             )
             bus = rig.bus = observer_bus(broker.port, self.obs)
             await bus.__aenter__()
             await bus.wait_connected(10)
             self.say(f"starting the topology service and {len(f.hosts)} agents")
-            await start_all(self.procs, self.obs, rig.cfgs, self.names)
+            await start_all(self.procs, self.obs, rig.cfgs, self.names, agents_first=self.discover)
+            if self.discover:
+                self._check_discovered()
         else:
             self.say("no linkguard: static routes, each endpoint subnet via its home rail")
             await asyncio.to_thread(self._static_routes)
@@ -232,6 +249,34 @@ class _LabRun:
                 return time.monotonic() - last >= hold
 
             await until(quiet, hold + 30, "a quiet bus before the first fault", self.procs)
+
+    async def _discovery(self, lab: Lab) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """With ``discover``: start lldpd in the lab, wait until every host sees its leaves;
+        the service's and agents' settings that discover (else nothing)."""
+        if not self.discover:
+            return {}, {}
+        self.say("starting lldpd in every host namespace and on every leaf")
+        self.lldp = await asyncio.to_thread(LldpdSet.start, lab, self.workdir)
+        await asyncio.to_thread(self.lldp.wait_neighbours, lab)
+        return discover_settings(self.lldp, self.names)
+
+    def _check_discovered(self) -> None:
+        """The fabric discovery makes from the documents on the bus is the lab's."""
+        found = discovered_from_docs(list(self.obs.discovery.values()))
+        diffs = compare_discovered(found.fabric, roce_fabric(self.fabric))
+        f = found.fabric
+        self.report.discovered = {
+            "hosts": len(f.hosts) if f else 0,
+            "rails": len(f.rails) if f else 0,
+            "leaves": sum(s.role == "leaf" for s in f.switches) if f else 0,
+            "unknowns": [u.line() for u in found.unknowns],
+            "differences": diffs,
+        }
+        self.say(
+            f"discovered {self.report.discovered['hosts']} hosts, "
+            f"{self.report.discovered['leaves']} leaves from lldpd: "
+            + ("the lab's fabric" if not diffs else f"{len(diffs)} differences")
+        )
 
     async def _start_job(self) -> None:
         assert self.rig.lab is not None and self.sc.job is not None
@@ -398,6 +443,8 @@ class _LabRun:
                     if self.rig.broker is not None:
                         self.rig.broker.stop()
                 finally:
+                    if self.lldp is not None:
+                        self.lldp.stop()
                     if self.rig.lab is not None:
                         self.rig.lab.destroy()
         await self.probers.reap()  # killed above: reap them
@@ -411,12 +458,15 @@ async def run_lab(
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
     agent_settings: dict[str, object] | None = None,
+    discover: bool = False,
 ) -> LabReport:
     """Replay ``loaded`` on a lab (module docstring) and return the :class:`LabReport`.
 
     ``workdir``: configs, logs and flow records go there (kept); default a temporary
     directory, removed afterwards unless ``keep``. ``agent_settings``: added to the scenario's
-    (dotted keys, e.g. ``{"routes.rto_min_ms": 20}``). Everything the run started (namespaces,
+    (dotted keys, e.g. ``{"routes.rto_min_ms": 20}``). ``discover``: the service runs on the
+    fabric discovered from lldpd and the agents' documents, which must be the lab's
+    (:mod:`~linkguard.simulations.labdiscover`). Everything the run started (namespaces,
     processes, the broker) is gone when it returns or raises, also on cancellation
     (Ctrl-C, SIGTERM through the caller). Raises :class:`LabRunError` when the scenario
     cannot run here, :class:`LabProcessError` when a process dies or a wait times out and
@@ -431,6 +481,7 @@ async def run_lab(
         workdir=wd,
         progress=progress or (lambda _: None),
         agent_settings=agent_settings,
+        discover=discover,
     )
     started = time.monotonic()
     try:
@@ -457,6 +508,7 @@ async def run_lab_halves(
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
     agent_settings: dict[str, object] | None = None,
+    discover: bool = False,
 ) -> LabPair:
     """Run ``loaded`` once per entry of ``halves`` (True: with linkguard, False: the
     ``--no-linkguard`` baseline), each on a fresh lab, one after the other (one lab at a time
@@ -474,5 +526,6 @@ async def run_lab_halves(
             keep=keep,
             progress=progress,
             agent_settings=agent_settings,
+            discover=discover,
         )
     return LabPair(out.get(True), out.get(False))

@@ -26,7 +26,8 @@ The rules, in order (each port left out is an :class:`Unknown` saying which rule
    ports of one host on leaves of one rail is wiring that is not rail-optimized: the port whose
    own number is the rail's stays, the other is left out (``not_rail_optimized``).
 4. **Addresses.** A port's next-hop address is the IPv4 address on its netdev (the bond's for
-   a bond device); without one, the ``rail_prefix`` plan's (the generator's layout: rail r,
+   a bond device), else the one the agent's ``ports:`` config gives it; without one, the
+   ``rail_prefix`` plan's (the generator's layout: rail r,
    host h in fabric order -> r-th subnet, (h+1)-th address); without either the port is left
    out (``no_address``). A port without a netdev is left out (``no_netdev``): a plan's routes
    leave by it. ``rail_subnets`` are the hosts' own networks when every address of a rail is
@@ -314,16 +315,26 @@ class _Run:
         disc = {d.host: d for d in self.hosts}
         self.address: dict[int, ipaddress.IPv4Interface] = {}
         for pl in placed:
-            nd = disc[pl.host].netdev(pl.port.netdev)
-            if nd is None:
-                continue
-            usable = [a for a in nd.ipv4 if not a.ip.is_link_local and not a.ip.is_loopback]
+            d = disc[pl.host]
+            nd = d.netdev(pl.port.netdev)
+            usable = [
+                a
+                for a in (nd.ipv4 if nd is not None else [])
+                if not a.ip.is_link_local and not a.ip.is_loopback
+            ]
+            mine = next(
+                (c for c in (d.inventory.hcas if d.inventory else []) if c.key == pl.port.key),
+                None,
+            )
             if usable:
                 self.address[id(pl)] = usable[0]
+            elif mine is not None and mine.address is not None:  # the agent's ports: config
+                self.address[id(pl)] = ipaddress.IPv4Interface(mine.address)
         nets: dict[int, set[ipaddress.IPv4Network]] = defaultdict(set)
         for pl in placed:
-            if id(pl) in self.address:
+            if id(pl) in self.address:  # a configured address (/32) says no subnet
                 nets[pl.rail].add(self.address[id(pl)].network)
+        nets = {r: n for r, n in nets.items() if all(x.prefixlen < 31 for x in n)}
         if not self.rail_prefix:
             return {r: next(iter(n)) for r, n in nets.items() if len(n) == 1}
         return {}

@@ -132,6 +132,13 @@ def _add_lab(simsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="an agent setting for every lab agent (repeatable; dotted keys enter sections, "
         "e.g. routes.rto_min_ms=20; VALUE is YAML), over the scenario's agent_settings:",
     )
+    sl.add_argument(
+        "--discover",
+        action="store_true",
+        help="run the service on a discovered fabric: lldpd in every host namespace and on "
+        "every leaf, the agents' discovery documents (their lldpd's neighbours), `fabric: "
+        "{discover: {lldp: true}}`; the fabric discovered must be the lab's (docs/discovery.md)",
+    )
     sl.add_argument("--json", type=Path, metavar="F", help="also write the report as JSON to F")
     sl.add_argument(
         "--workdir",
@@ -332,6 +339,8 @@ def _sim_lab(args: argparse.Namespace) -> int:
         check_lab_scenario(loaded, agent_settings=agent_settings)
     except (ScenarioError, LabRunError) as exc:
         return fail(str(exc), 2)
+    if args.discover and (loaded.scenario.chaos is not None or args.no_linkguard):
+        return fail("--discover: runs the service with linkguard, not a chaos: scenario", 2)
     if loaded.scenario.chaos is not None and args.no_linkguard:
         return fail("--no-linkguard: a chaos: scenario checks linkguard itself", 2)
     if args.no_linkguard and args.skip_baseline:
@@ -361,6 +370,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
                 keep=args.keep,
                 progress=lab_progress(),
                 agent_settings=agent_settings,
+                discover=args.discover,
             )
         return await run_lab(
             loaded,
@@ -369,6 +379,7 @@ def _sim_lab(args: argparse.Namespace) -> int:
             keep=args.keep,
             progress=lab_progress(),
             agent_settings=agent_settings,
+            discover=args.discover,
         )
 
     try:  # SIGTERM and SIGINT cancel the run: its teardown removes the lab
