@@ -179,12 +179,13 @@ def _chunk(b: bytes) -> bytes:
 @functools.cache
 def decoder_models() -> dict[str, type]:
     """Every bus message model by the topic kind it arrives on: the service's decoders (which
-    include the agent's: plan, peers, status; and its probe_targets) in name order."""
-    from linkguard.models import HostStatus, PeerRoutes, Plan, ProbeTargets
+    include the agent's: plan, peers, status; and its probe_targets) and the discovery document
+    (the service on a discovered fabric, ``fabric discover``), in name order."""
+    from linkguard.models import HostDiscovery, HostStatus, PeerRoutes, Plan, ProbeTargets
     from linkguard.topology.service import _DECODERS
 
     agent = {"plan": Plan, "peers": PeerRoutes, "status": HostStatus, "probe_targets": ProbeTargets}
-    return dict(sorted({**_DECODERS, **agent}.items()))
+    return dict(sorted({**_DECODERS, **agent, "discovery": HostDiscovery}.items()))
 
 
 @functools.cache
@@ -198,7 +199,10 @@ def samples() -> dict[str, Any]:
         AckResult,
         CableRef,
         FabricFaults,
+        HostDiscovery,
         HostStatus,
+        LldpNeighbour,
+        NetdevFacts,
         PlanRequest,
         PortEvent,
         PortState,
@@ -208,6 +212,7 @@ def samples() -> dict[str, Any]:
         ProbeRail,
         ProbeReport,
         ProbeTargets,
+        RdmaPortFacts,
         ServiceStatus,
     )
     from linkguard.topology.fabric import generate_rail_optimized
@@ -252,6 +257,15 @@ def samples() -> dict[str, Any]:
                 PlanRequest(host=h0, at=2.5),
             ],
             "inventory": [fabric.host(h0)],
+            "discovery": [
+                HostDiscovery(
+                    host=h0,
+                    inventory=fabric.host(h0),
+                    ports=[RdmaPortFacts(hca="mlx5_0", node_guid="0c42a10300b51234")],
+                    netdevs=[NetdevFacts(name="bond0", kind="bond", bond_members=["ens1f0"])],
+                    lldp=[LldpNeighbour(netdev="ens1f0", system="su0-leaf0", port="swp1")],
+                )
+            ],
             "status": [HostStatus(host=h0, online=True, at=1.0, version="0.1.0", instance="ab12")],
             "service_status": [ServiceStatus(online=True, at=1.0, instance="cd34", started_at=1)],
             "fabric_faults": [

@@ -43,16 +43,15 @@ The rules, in order (each port left out is an :class:`Unknown` saying which rule
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from linkguard.models import HCAInfo, HostInventory, LinkLayer
 from linkguard.models.discovery import HostDiscovery, RdmaPortFacts
+from linkguard.topology.discoverswitches import Placed, fabric_switches, natural, pci_order
 from linkguard.topology.fabric import Fabric, Link, Switch, serving_problems
 from linkguard.topology.generator import _endpoint_subnet_size, _rail_subnet_size, rail_subnets
 from linkguard.topology.switchgraph import HostCable, SwitchGraph
@@ -89,23 +88,6 @@ class Discovery:
     guids: dict[str, str] = field(default_factory=dict)
 
 
-def _natural(name: str) -> tuple[object, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-def _pci_order(p: RdmaPortFacts) -> tuple[object, ...]:
-    return (p.pci_address is None, p.pci_address or "", _natural(p.hca), p.port)
-
-
-@dataclass
-class _Placed:
-    host: str
-    port: RdmaPortFacts
-    cable: HostCable
-    own_rail: int
-    rail: int = -1
-
-
 class _Run:
     def __init__(
         self,
@@ -117,7 +99,7 @@ class _Run:
         name: str,
     ) -> None:
         self.name = name
-        self.hosts = sorted(hosts, key=lambda d: _natural(d.host))
+        self.hosts = sorted(hosts, key=lambda d: natural(d.host))
         self.graph = graph
         self.rail_prefix = rail_prefix
         self.endpoint_prefix = endpoint_prefix
@@ -237,15 +219,15 @@ class _Run:
         left.sort(key=lambda c: (order.get(c.switch, 0), c.node_guid or "", c.ca_port or 0))
         for c in left:
             self.used.add(id(c))
-        return {p.key: c for p, c in zip(sorted(ports, key=_pci_order), left, strict=True)}
+        return {p.key: c for p, c in zip(sorted(ports, key=pci_order), left, strict=True)}
 
-    def place(self) -> list[_Placed]:
+    def place(self) -> list[Placed]:
         self.index_cables()
-        placed: list[_Placed] = []
+        placed: list[Placed] = []
         for d in self.hosts:
             own = {c.key: c.rail for c in d.inventory.hcas} if d.inventory else {}
             cands = self.candidates(d)
-            order = {p.key: i for i, p in enumerate(sorted(cands, key=_pci_order))}
+            order = {p.key: i for i, p in enumerate(sorted(cands, key=pci_order))}
             found = {p.key: self.cable(d, p) for p in cands}
             found.update(self.by_position(d, [p for p in cands if found[p.key] is None]))
             for p in cands:
@@ -261,7 +243,7 @@ class _Run:
                         "fabric",
                     )
                     continue
-                placed.append(_Placed(d.host, p, cable, own.get(p.key, order[p.key])))
+                placed.append(Placed(d.host, p, cable, own.get(p.key, order[p.key])))
         unused = [c for c in self.graph.cables if id(c) not in self.used]
         if unused:
             shown = ", ".join(f"{c.host or c.node_guid or '?'} -> {c.switch}" for c in unused[:5])
@@ -272,7 +254,7 @@ class _Run:
         return placed
 
     # 3. rails ---------------------------------------------------------------------------
-    def rails(self, placed: list[_Placed]) -> list[_Placed]:
+    def rails(self, placed: list[Placed]) -> list[Placed]:
         votes: dict[str, Counter[int]] = defaultdict(Counter)
         for pl in placed:
             votes[pl.cable.switch][pl.own_rail] += 1
@@ -289,14 +271,14 @@ class _Run:
                     "numbering differs show an inventory mismatch until their ports: config "
                     "pins the rail)",
                 )
-        kept: list[_Placed] = []
-        by_host: dict[str, list[_Placed]] = defaultdict(list)
+        kept: list[Placed] = []
+        by_host: dict[str, list[Placed]] = defaultdict(list)
         for pl in placed:
             pl.rail = self.leaf_rail[pl.cable.switch]
             by_host[pl.host].append(pl)
         for host, pls in by_host.items():
-            taken: dict[int, _Placed] = {}
-            for pl in sorted(pls, key=lambda x: (x.own_rail != x.rail, _pci_order(x.port))):
+            taken: dict[int, Placed] = {}
+            for pl in sorted(pls, key=lambda x: (x.own_rail != x.rail, pci_order(x.port))):
                 first = taken.setdefault(pl.rail, pl)
                 if first is not pl:
                     self.unknown(
@@ -311,7 +293,7 @@ class _Run:
         return kept
 
     # 4. addresses -----------------------------------------------------------------------
-    def addresses(self, placed: list[_Placed]) -> dict[int, ipaddress.IPv4Network]:
+    def addresses(self, placed: list[Placed]) -> dict[int, ipaddress.IPv4Network]:
         disc = {d.host: d for d in self.hosts}
         self.address: dict[int, ipaddress.IPv4Interface] = {}
         for pl in placed:
@@ -340,7 +322,7 @@ class _Run:
         return {}
 
     def plan_addresses(
-        self, placed: list[_Placed], order: list[str]
+        self, placed: list[Placed], order: list[str]
     ) -> dict[int, ipaddress.IPv4Network]:
         """Fill missing addresses from the rail plan; returns the plan's subnets ({} without)."""
         if not self.rail_prefix:
@@ -387,7 +369,7 @@ class _Run:
                         f"no IPv4 address on {pl.port.netdev} (give a rail prefix to plan one)",
                     )
                     placed.remove(pl)
-        per_host: dict[str, list[_Placed]] = defaultdict(list)
+        per_host: dict[str, list[Placed]] = defaultdict(list)
         for pl in placed:
             per_host[pl.host].append(pl)
         order = [d.host for d in self.hosts if per_host.get(d.host)]
@@ -437,7 +419,7 @@ class _Run:
         return self.out
 
     def endpoints(
-        self, order: list[str], per_host: dict[str, list[_Placed]], disc: dict[str, HostDiscovery]
+        self, order: list[str], per_host: dict[str, list[Placed]], disc: dict[str, HostDiscovery]
     ) -> dict[str, list[ipaddress.IPv4Address]]:
         out: dict[str, list[ipaddress.IPv4Address]] = {}
         for h in order:
@@ -485,7 +467,7 @@ class _Run:
         return out
 
     def inventory(
-        self, d: HostDiscovery, pls: list[_Placed], endpoints: list[ipaddress.IPv4Address]
+        self, d: HostDiscovery, pls: list[Placed], endpoints: list[ipaddress.IPv4Address]
     ) -> HostInventory:
         own = {c.key: c for c in d.inventory.hcas} if d.inventory else {}
         hcas = []
@@ -516,91 +498,13 @@ class _Run:
             ),
         )
 
-    def switches(self, placed: list[_Placed], leaves: set[str]) -> tuple[list[Link], list[Switch]]:
-        # SUs: leaves joined by a host they share, numbered in host order
-        su_of: dict[str, int] = {}
-        hosts_of: dict[str, list[str]] = defaultdict(list)
-        for pl in placed:
-            hosts_of[pl.host].append(pl.cable.switch)
-        n_su = 0
-        for host in [d.host for d in self.hosts]:
-            group = hosts_of.get(host, [])
-            known = {su_of[s] for s in group if s in su_of}
-            su = min(known) if known else n_su
-            if not known:
-                n_su += 1
-            for s in group:
-                su_of.setdefault(s, su)
-        links = [
-            Link(
-                a=f"{pl.host}:{pl.port.key}",
-                b=pl.cable.switch,
-                kind="host-leaf",
-                rail=pl.rail,
-                rate_gbps=pl.cable.rate_gbps or pl.port.rate_gbps,
-                a_port=pl.port.port,
-                b_port=pl.cable.switch_port,
-                width=_width(pl.cable.width),
-                speed=_speed(pl.cable.speed),
-            )
-            for pl in placed
-        ]
-        in_isl = {x for sl in self.graph.links for x in (sl.a, sl.b)}
-        names = sorted(leaves | (in_isl & set(self.graph.switches)) | leaves, key=_natural)
-        left = sorted(set(self.graph.switches) - set(names), key=_natural)
-        if left:
-            self.out.notes.append(
-                f"{len(left)} switches with neither a placed host port nor a switch cable left "
-                f"out: {', '.join(left[:5])}"
-            )
-        switches = []
-        for name in names:
-            info = self.graph.switches.get(name)
-            leaf = name in leaves
-            switches.append(
-                Switch(
-                    name=name,
-                    role="leaf" if leaf else "spine",
-                    rail=self.leaf_rail[name] if leaf else None,
-                    su=su_of.get(name) if leaf else None,
-                    guid=info.guid if info else None,
-                    description=info.description if info else None,
-                )
-            )
-        for sl in self.graph.links:
-            a, ap, b, bp = sl.a, sl.a_port, sl.b, sl.b_port
-            if a not in leaves and b in leaves:
-                a, ap, b, bp = b, bp, a, ap
-            la, lb = a in leaves, b in leaves
-            kind: Literal["leaf-leaf", "leaf-spine", "spine-spine"] = (
-                "leaf-leaf" if la and lb else "leaf-spine" if la else "spine-spine"
-            )
-            same = not lb or self.leaf_rail.get(b) == self.leaf_rail.get(a)
-            rail = self.leaf_rail.get(a) if la and same else None
-            links.append(
-                Link(
-                    a=a,
-                    b=b,
-                    kind=kind,
-                    rail=rail,
-                    rate_gbps=sl.rate_gbps,
-                    a_port=ap,
-                    b_port=bp,
-                    width=_width(sl.width),
-                    speed=_speed(sl.speed),
-                )
-            )
+    def switches(self, placed: list[Placed], leaves: set[str]) -> tuple[list[Link], list[Switch]]:
+        """Host-leaf links, the switches (leaves by SU, spines) and the switch cables."""
+        links, switches, notes = fabric_switches(
+            placed, leaves, self.graph, self.leaf_rail, [d.host for d in self.hosts]
+        )
+        self.out.notes += notes
         return links, switches
-
-
-def _width(w: str | None) -> Any:
-    """The width as :class:`Link` takes it, or None."""
-    return w if w in ("1x", "2x", "4x", "8x", "12x") else None
-
-
-def _speed(s: str | None) -> Any:
-    """The lane speed as :class:`Link` takes it, or None."""
-    return s if s in ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR") else None
 
 
 def discover_fabric(
