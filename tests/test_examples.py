@@ -1,5 +1,5 @@
 """The pilot's example configs (``deploy/examples/``) as ``linkguard config check`` reads them:
-the installed command, in a process of its own, as an operator runs it in step 3 of
+the installed command, in a process of its own, as an operator runs it in steps 1 and 2 of
 docs/pilot.md.
 
 Shown: both files are valid for their role with no old key; the values a dry run depends on
