@@ -9,18 +9,21 @@ under LINKGUARD_REQUIRE_REAL=1).
 2. the fabric (``# discover: replaced when fabric discover lands``: ``fabric generate`` today),
    made RoCE for the lab's veths;
 3. dry run: both configs pass ``config check``; every host acks its plan, its exporter shows
-   the plan's epoch applied and the ports up, the service's ``/metrics`` every host online and
-   none owing an ack; a link goes down: the host takes its fast path and every host acks the
-   reroute (metrics, the ``plan_applied`` log line with the routes it would have added), while
-   no host namespace has a linkguard route or rule and the endpoints stay unroutable;
+   the dry run (``linkguard_routes_dry_run`` 1), the plan's epoch applied and the ports up,
+   the service's ``/metrics`` every host online and none owing an ack; a link goes down: the
+   host takes its fast path and every host acks its new plan (metrics, the ``plan_applied``
+   log line with the routes it would have added), while no host namespace has a linkguard
+   route or rule and the endpoints stay unroutable;
 4. enable routes: ``routes.apply: true``, agents restarted (SIGTERM, exit 0): the plan in
    place is in the kernel at once (rule and table; the down link's endpoint via the other
-   rail); a second link down moves its endpoint in the peers' kernel tables;
+   rail; ``linkguard_routes_dry_run`` 0); a second link down moves its endpoint in the peers'
+   kernel tables;
 5. signing: ``linkguard keys generate``; the service restarted with ``signing_key`` first (the
    agents, still without a key, apply its signed plans: ``signed_plan_not_verified``), then
    the agents with ``service_public_key`` (signed plans required): each logs
-   ``plans_verified`` and ``plans_signing_matched``, drops nothing as unsigned, refuses no
-   state file; the service's health stays 200 with no host unprotected, the kernel routes stay.
+   ``plans_verified`` and ``reconciled_with_last_plan`` (the signed plan it kept), applies a
+   newer epoch than before the restart, drops nothing as unsigned, refuses no state file; the
+   service sees every host online and none unprotected (health 200), the kernel routes stay.
    TLS to the broker is not run here: tests/test_deploy.py and tests/test_bus_security.py run
    the agent and the service over deploy/make-certs.sh's certificates.
 """
@@ -216,6 +219,7 @@ async def test_the_pilot_walk_through_dry_run_then_routes_then_signing(
                     assert metric(m, "linkguard_port_state", hca="mlx5_0", port="1", rail="0")
                     assert metric(m, "linkguard_port_state", hca="mlx5_1", port="1", rail="1")
                     assert metric(m, "linkguard_fast_path_total") == 0
+                    assert metric(m, "linkguard_routes_dry_run") == 1
                 status, health = http_status(f"http://127.0.0.1:{api_port}/api/v1/health")
                 assert status == 200, health
                 await until(
@@ -280,6 +284,7 @@ async def test_the_pilot_walk_through_dry_run_then_routes_then_signing(
                     procs,
                 )
                 for n in names:
+                    assert metric(scrape(mport[n]), "linkguard_routes_dry_run") == 0, n
                     await until(
                         lambda n=n: linkguard_rules(ns[n]) and table(ns[n]),
                         10,
