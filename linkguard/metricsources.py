@@ -17,6 +17,7 @@ from linkguard.models import Ack, HostInventory, PortState
 
 __all__ = [
     "AgentCounters",
+    "AgentRouteSettings",
     "AgentSource",
     "AppliedPlan",
     "ChangeSubscription",
@@ -24,6 +25,7 @@ __all__ = [
     "LeadershipSource",
     "NamedFabric",
     "PortStates",
+    "RouteApplySetting",
     "ServiceSource",
     "VerdictKind",
     "Verdicts",
@@ -73,12 +75,30 @@ class AgentCounters(Protocol):
     def journal_dropped(self) -> int: ...
 
 
+class RouteApplySetting(Protocol):
+    """The agent's ``routes:`` settings (:class:`~linkguard.settings.sections.RouteOptions`)."""
+
+    @property
+    def apply(self) -> bool: ...
+
+
+class AgentRouteSettings(Protocol):
+    """The agent's settings (:class:`~linkguard.settings.agent.AgentSettings`), as far as a
+    scrape reads them."""
+
+    @property
+    def routes(self) -> RouteApplySetting: ...
+
+
 class AgentSource(Protocol):
-    """An agent (:class:`~linkguard.agent.daemon.Agent`): its host, inventory, port monitor,
-    applier, counters and bus (read with ``getattr``: ``connected``, ``broker``, ...)."""
+    """An agent (:class:`~linkguard.agent.daemon.Agent`): its host, settings (``routes.apply``),
+    inventory, port monitor, applier, counters and bus (read with ``getattr``: ``connected``,
+    ``broker``, ...)."""
 
     @property
     def host(self) -> str: ...
+    @property
+    def settings(self) -> AgentRouteSettings: ...
     @property
     def inventory(self) -> HostInventory: ...
     @property

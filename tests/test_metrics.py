@@ -196,6 +196,26 @@ async def test_a_port_in_use_is_logged_and_the_agent_runs_on(tmp_path: Path) -> 
     assert len(failed) == 1 and failed[0]["listen"] == f"127.0.0.1:{busy}"
 
 
+def test_a_dry_run_says_so(tmp_path: Path) -> None:
+    """``linkguard_routes_dry_run`` is 1 while ``routes.apply`` is false (plans go to an
+    in-memory table) and 0 when they go into the kernel table."""
+    dry = _memory_agent(tmp_path / "dry", MemoryBroker(), None)
+    assert dry.settings.routes.apply is False
+    assert value(dry.metrics.render()[0].decode(), "linkguard_routes_dry_run") == 1
+    s = dry.settings.model_copy(
+        update={"routes": dry.settings.routes.model_copy(update={"apply": True})}
+    )
+    src = SimulatedPortSource([active_port(h.hca, h.port) for h in FABRIC.hosts[0].hcas])
+    applying = Agent(  # the table given here stands in for the kernel's: nothing is written
+        s,
+        source=src,
+        table=MemoryRouteTable(),
+        discovered=[],
+        bus_factory=MemoryBroker().bus_factory,
+    )
+    assert value(applying.metrics.render()[0].decode(), "linkguard_routes_dry_run") == 0
+
+
 async def test_agents_in_one_process_have_their_own_registries(tmp_path: Path) -> None:
     broker = MemoryBroker()
     a = _memory_agent(tmp_path / "a", broker, None)

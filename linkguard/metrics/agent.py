@@ -114,6 +114,13 @@ PORT_FLAPS = MetricSpec(
 PLAN_EPOCH_APPLIED = MetricSpec(
     "linkguard_plan_epoch_applied", "gauge", "Epoch of the plan in place (0: none yet)"
 )
+ROUTES_DRY_RUN = MetricSpec(
+    "linkguard_routes_dry_run",
+    "gauge",
+    "1 while routes.apply is false (a dry run): plans are taken, acked and counted as applied, "
+    "but into an in-memory table; the kernel's routes and ip rules are left untouched. 0: "
+    "plans go into linkguard's kernel table",
+)
 PLANS_APPLIED = MetricSpec(
     "linkguard_plans_applied_total",
     "counter",
@@ -190,6 +197,7 @@ AGENT_METRICS: tuple[MetricSpec, ...] = (
     PORT_RATE,
     PORT_FLAPS,
     PLAN_EPOCH_APPLIED,
+    ROUTES_DRY_RUN,
     PLANS_APPLIED,
     PLANS_REFUSED,
     FAST_PATH,
@@ -309,6 +317,7 @@ class AgentMetrics:
         return [
             *g.all(),
             gauge(PLAN_EPOCH_APPLIED, epoch or 0),
+            gauge(ROUTES_DRY_RUN, 0.0 if a.settings.routes.apply else 1.0),
             counter(PLANS_APPLIED, stats.plans_applied),
             counter(PLANS_REFUSED, dict(stats.plans_refused)),
             counter(FAST_PATH, stats.fast_paths),
