@@ -105,7 +105,7 @@ class Readmission:
             # never becomes the bar the port is then held to
             assert p.obs is not None and p.obs.rate_gbps is not None  # _rate_settled: both set
             p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)
-        if p.readmit_reason is not None or p.health_reason is not None:
+        if p.readmit_reason is not None or p.health_reason is not None or p.link_reason:
             return PortStatus.DEGRADED
         if o is not None:
             p.admitted_layer = p.link_layer

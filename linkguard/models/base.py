@@ -312,6 +312,19 @@ class HostInventory(_Model):
         return self
 
 
+class PortDisagreement(_Model):
+    """Two sources' readings of one port that disagree, both as read
+    (:mod:`linkguard.agent.linkkinds`): the RDMA port's sysfs ``state``/``phys_state`` say
+    it is ACTIVE and its netdev has no carrier, or the other way round (an IPoIB netdev
+    whose carrier is off under an ACTIVE InfiniBand port, a RoCE netdev that lost carrier
+    before the RDMA port followed). ``netdev``: whose ``carrier`` it is."""
+
+    sysfs_state: PortStateName | None = None
+    sysfs_phys_state: PhysState | None = None
+    carrier: bool | None = None
+    netdev: NetdevName | None = None
+
+
 class PortState(_Model):
     """The monitored state of one port, published retained on ``hosts/<host>/ports/<hca>/<port>``.
 
@@ -339,6 +352,18 @@ class PortState(_Model):
         False,
         description="RoCE: the GID table's indexes moved when the port last came back from "
         "hold-down (a GID now at another index; NCCL_IB_GID_INDEX may need a new value)",
+    )
+    carrier_changes: int | None = Field(
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="the netdev's carrier transitions since it was created "
+        "(IFLA_CARRIER_CHANGES); None: no netdev read, or an older agent",
+    )
+    disagreement: PortDisagreement | None = Field(
+        None,
+        description="set while the port's sources disagree: the sysfs state and the netdev "
+        "carrier, both readings; None: they agree (or one is unread)",
     )
     observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
     seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
