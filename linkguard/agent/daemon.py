@@ -63,7 +63,7 @@ from linkguard.agent.core import AgentStats
 from linkguard.agent.dispatch import MessageDispatch
 from linkguard.agent.effects import FlushNeighbours
 from linkguard.agent.hooks import HookRunner
-from linkguard.agent.inventory import DiscoveredPort
+from linkguard.agent.inventory import DiscoveredPort, lag_problems
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.outbox import Outbox
 from linkguard.agent.railmap import RailChanges
@@ -112,6 +112,7 @@ class Agent(MessageDispatch):
         self.me = Me()
         found = discover(settings) if discovered is None else discovered
         self.inventory = make_inventory(settings, found)
+        self.device_problems = lag_problems(found)  # in the status (HostStatus)
         self.rails = {h.key: h.rail for h in self.inventory.hcas}
         #: the service's public key (None: plans are applied unverified)
         self.verifier: Verifier | None = make_verifier(settings)

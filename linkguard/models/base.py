@@ -462,6 +462,10 @@ class HostStatus(_Model):
 
     ``signing``: whether the agent requires signed plans and with which keys
     (:class:`SigningPosture`); None: an older agent that does not say.
+    ``device_problems``: what the agent found wrong with this host's RDMA devices at start,
+    one line each (a LAG misconfiguration: a device whose netdev is a bond member but that is
+    no bond device, :func:`linkguard.agent.inventory.lag_problems`); None: none found, or an
+    older agent.
     ``state_write_failing``: True while the agent cannot write a file of its ``state_dir``
     (ENOSPC, EIO, EROFS: :mod:`linkguard.agent.statewrites`); it routes from memory, but what
     it would restart from is not current, so the service flags the host. None: an older agent
@@ -477,6 +481,7 @@ class HostStatus(_Model):
     started_at: float | None = Field(None, ge=0)
     signing: SigningPosture | None = None
     state_write_failing: bool | None = None
+    device_problems: list[Annotated[str, Field(max_length=300)]] | None = Field(None, max_length=16)
 
 
 class ServiceStatus(_Model):

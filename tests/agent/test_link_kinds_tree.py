@@ -6,17 +6,23 @@ link), each changed minimally: a net class beside it (``sys/class/net``: the bon
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from linkguard import topics
 from linkguard.agent.assembly import carrier_ports, discover, make_inventory
+from linkguard.agent.daemon import Agent
 from linkguard.agent.inventory import is_bond, lag_problems
 from linkguard.config import AgentSettings
 from linkguard.drivers.netclass import NetdevLinks, net_root, read_netdev_links
-from linkguard.models import LinkLayer
+from linkguard.drivers.simulated import MemoryRouteTable
+from linkguard.membus import MemoryBroker
+from linkguard.models import HostInventory, HostStatus, LinkLayer, decode
+from tests.support import until
 
 H100 = "leptonai-gpud/tree/sys-class-infiniband-h100.0"
 
@@ -165,3 +171,66 @@ def test_ipoib_netdev_of_an_infiniband_port_is_watched(sys_tree: Path) -> None:
     assert [(p.hca, p.netdev, p.link_layer) for p in watched] == [
         ("mlx5_0", "ibp0s0", LinkLayer.INFINIBAND)
     ]
+
+
+def _agent_settings(tmp: Path, root: Path, host: str) -> AgentSettings:
+    return AgentSettings(
+        host=host,
+        driver="sysfs",
+        sysfs_root=root,
+        verbs={"events": "off"},
+        routes={"apply": False},
+        state_dir=tmp / "state",
+        rail_map_path=tmp / "run" / "rail-map.json",
+        metrics_listen=None,
+    )
+
+
+async def _run_agent(tmp: Path, root: Path, host: str) -> tuple[HostInventory, HostStatus]:
+    """Start a real agent (sysfs driver, no ``ports:``) on ``root`` with an in-memory bus;
+    its inventory and its retained status once the status is on the bus."""
+    broker = MemoryBroker()
+    agent = Agent(
+        _agent_settings(tmp, root, host),
+        table=MemoryRouteTable(),
+        bus_factory=broker.bus_factory,
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        await until(lambda: topics.status(host) in broker.retained, "the agent's status")
+        await until(lambda: topics.inventory(host) in broker.retained, "the agent's inventory")
+        status = decode(HostStatus, broker.retained[topics.status(host)])
+        inventory = decode(HostInventory, broker.retained[topics.inventory(host)])
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+    return inventory, status
+
+
+async def test_agent_starts_on_the_h100_capture_without_ports(
+    tmp_path: Path, fixtures_real: Path
+) -> None:
+    """The user's report: on a copy of the real H100 capture (no PCI `device` link) the agent
+    starts without a single `ports:` line, its 8 InfiniBand ports the rails in name order."""
+    root = tmp_path / "infiniband"
+    shutil.copytree(fixtures_real / H100, root)
+    with capture_logs() as logs:
+        inventory, status = await _run_agent(tmp_path, root, "h100-01")
+    assert [(h.hca, h.rail) for h in inventory.hcas] == [
+        (f"mlx5_{n}", rail) for rail, n in enumerate((0, 1, 4, 5, 6, 7, 8, 9))
+    ]
+    assert status.online and status.device_problems is None
+    assert [e["event"] for e in logs].count("rails_ordered_by_name") == 1
+
+
+async def test_agent_status_names_the_lag_misconfiguration(sys_tree: Path) -> None:
+    """On the all-Ethernet copy with ``bond1`` formed over mlx5_5's and mlx5_6's netdevs but
+    no LAG device: the agent starts with 7 rails (the bond one of them), and its retained
+    status names both misconfigured devices (HostStatus.device_problems)."""
+    net = net_root(sys_tree)
+    assert net is not None
+    roce_host(sys_tree, net)
+    inventory, status = await _run_agent(sys_tree.parents[2], sys_tree, "roce-01")
+    assert [h.hca for h in inventory.hcas][-1] == "mlx5_bond_0" and len(inventory.hcas) == 7
+    assert status.device_problems is not None
+    assert [p.split(":")[0] for p in status.device_problems] == ["mlx5_5/1", "mlx5_6/1"]
