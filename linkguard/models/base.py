@@ -313,11 +313,8 @@ class HostInventory(_Model):
 
 
 class PortDisagreement(_Model):
-    """Two sources' readings of one port that disagree, both as read
-    (:mod:`linkguard.agent.linkkinds`): the RDMA port's sysfs ``state``/``phys_state`` say
-    it is ACTIVE and its netdev has no carrier, or the other way round (an IPoIB netdev
-    whose carrier is off under an ACTIVE InfiniBand port, a RoCE netdev that lost carrier
-    before the RDMA port followed). ``netdev``: whose ``carrier`` it is."""
+    """A port's sysfs ``state``/``phys_state`` and its ``netdev``'s ``carrier``, while ACTIVE
+    and carrier up do not go together (:mod:`linkguard.agent.linkkinds`)."""
 
     sysfs_state: PortStateName | None = None
     sysfs_phys_state: PhysState | None = None
@@ -354,17 +351,9 @@ class PortState(_Model):
         "hold-down (a GID now at another index; NCCL_IB_GID_INDEX may need a new value)",
     )
     carrier_changes: int | None = Field(
-        None,
-        ge=0,
-        le=2**32 - 1,
-        description="the netdev's carrier transitions since it was created "
-        "(IFLA_CARRIER_CHANGES); None: no netdev read, or an older agent",
+        None, ge=0, le=2**32 - 1, description="netdev IFLA_CARRIER_CHANGES; None: not read"
     )
-    disagreement: PortDisagreement | None = Field(
-        None,
-        description="set while the port's sources disagree: the sysfs state and the netdev "
-        "carrier, both readings; None: they agree (or one is unread)",
-    )
+    disagreement: PortDisagreement | None = Field(None, description="None: sources agree")
     observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
     seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
 
@@ -462,10 +451,8 @@ class HostStatus(_Model):
 
     ``signing``: whether the agent requires signed plans and with which keys
     (:class:`SigningPosture`); None: an older agent that does not say.
-    ``device_problems``: what the agent found wrong with this host's RDMA devices at start,
-    one line each (a LAG misconfiguration: a device whose netdev is a bond member but that is
-    no bond device, :func:`linkguard.agent.inventory.lag_problems`); None: none found, or an
-    older agent.
+    ``device_problems``: RDMA device problems found at start, one line each (a LAG
+    misconfiguration: :func:`linkguard.agent.inventory.lag_problems`); None: none, or older.
     ``state_write_failing``: True while the agent cannot write a file of its ``state_dir``
     (ENOSPC, EIO, EROFS: :mod:`linkguard.agent.statewrites`); it routes from memory, but what
     it would restart from is not current, so the service flags the host. None: an older agent
