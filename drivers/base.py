@@ -28,7 +28,12 @@ class PortObservation:
     the sysfs unit, 4-octet words. ``saturated`` names counters stuck at their maximum.
     ``monotonic`` is ``time.monotonic()`` at the reading. ``gids`` (RoCE): the port's GID table,
     index -> GID text as sysfs ``gids/<n>`` prints it, non-zero entries only; None when the
-    driver did not read it this time.
+    driver did not read it this time. ``carrier_changes``: the netdev's carrier transitions
+    since it was created (rtnetlink IFLA_CARRIER_CHANGES, the same count as sysfs
+    ``/sys/class/net/<dev>/carrier_changes``; u32), None when not read: a rise between two
+    readings that both saw the carrier up is a flap the readings missed. ``members``: a bond
+    device's member netdevs, name -> carrier (None: the member is not found), None for a
+    port that is no bond.
     """
 
     hca: str
@@ -51,6 +56,8 @@ class PortObservation:
     #: re-reads counters every ``counters_interval_s`` only): they may predate this reading's
     #: state (read while the port was down, say)
     counters_fresh: bool = True
+    carrier_changes: int | None = None
+    members: Mapping[str, bool | None] | None = None
 
     @property
     def key(self) -> str:
@@ -71,6 +78,8 @@ class PortObservation:
             and self.errors == other.errors
             and self.present == other.present
             and self.gids == other.gids
+            and self.carrier_changes == other.carrier_changes
+            and self.members == other.members
         )
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from linkguard.drivers.base import PortObservation, PortSource
+from linkguard.models import LinkLayer
 
 __all__ = ["CarrierMergedSource"]
 
@@ -23,8 +24,11 @@ class CarrierMergedSource:
     """Merge ``carrier`` from ``carrier`` source into ``primary`` source readings, per port key.
 
     A port only the carrier source knows is not reported until the primary has read it. When
-    the carrier source finds the netdev gone (``present`` False), the merged reading is absent
-    too: the RDMA port has lost its netdev. Errors of both sources are kept.
+    the carrier source finds the netdev gone (``present`` False), the merged reading of an
+    Ethernet (RoCE) port is absent too: the RDMA port has lost its netdev; an InfiniBand
+    port's netdev (IPoIB) is evidence only, so its port stays as sysfs reads it (carrier
+    None, the error kept). ``carrier_changes`` and bond ``members`` come from the carrier
+    source. Errors of both sources are kept.
     """
 
     def __init__(self, *, primary: PortSource, carrier: PortSource) -> None:
@@ -34,11 +38,14 @@ class CarrierMergedSource:
     def _merge(self, p: PortObservation, c: PortObservation | None) -> PortObservation:
         if c is None:
             return p
+        evidence_only = (p.link_layer or c.link_layer) == LinkLayer.INFINIBAND
         return replace(
             p,
             carrier=c.carrier,
+            carrier_changes=c.carrier_changes,
+            members=c.members,
             netdev=c.netdev or p.netdev,
-            present=p.present and c.present,
+            present=p.present and (c.present or evidence_only),
             errors=p.errors + tuple(e for e in c.errors if e not in p.errors),
         )
 

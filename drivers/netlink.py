@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,13 +79,15 @@ def open_iproute(netns: str | None, **kwargs: Any) -> AsyncIPRoute:
 
 @dataclass(frozen=True)
 class NetlinkPort:
-    """One HCA port whose health is the carrier of ``netdev`` (RoCE: the PF netdev; IPoIB:
-    ``ib0``...). ``port`` is 1-based as in sysfs."""
+    """One HCA port whose health is the carrier of ``netdev`` (RoCE: the PF netdev or the
+    bond; IPoIB: ``ib0``...). ``port`` is 1-based as in sysfs."""
 
     hca: str
     port: int
     netdev: str
     link_layer: LinkLayer = LinkLayer.ETHERNET
+    #: a bond device's member netdevs: each one's carrier is read too (``members``)
+    members: tuple[str, ...] = ()
 
 
 class NetlinkPortSource:
@@ -93,7 +95,10 @@ class NetlinkPortSource:
 
     Each observation: ``carrier`` = IFF_LOWER_UP, ``state`` = ACTIVE when carrier and IFF_UP
     are both set, else DOWN; ``phys_state`` and ``rate_gbps`` None (rtnetlink carries neither);
-    ``link_layer`` and ``netdev`` from the config. A netdev missing from the namespace gives
+    ``link_layer`` and ``netdev`` from the config; ``carrier_changes`` = IFLA_CARRIER_CHANGES
+    (None when the kernel does not send it); a port with ``members`` gets ``members`` =
+    each member's carrier (None: not found), read from the same messages.
+    A netdev missing from the namespace gives
     ``state``/``carrier`` None and the error ``netdev <name> not found``; it is reported again
     when it appears (RTM_NEWLINK) or disappears (RTM_DELLINK, or renamed away).
 
@@ -117,44 +122,55 @@ class NetlinkPortSource:
         self.netns = netns
         self.rcvbuf = rcvbuf
         self.overflows = 0
+        #: every netdev read (a port's own and its members) -> the ports it is part of
         self._by_netdev: dict[str, list[NetlinkPort]] = {}
         for p in self.ports:
-            self._by_netdev.setdefault(p.netdev, []).append(p)
+            for dev in dict.fromkeys((p.netdev, *p.members)):
+                self._by_netdev.setdefault(dev, []).append(p)
 
     # -- reading --------------------------------------------------------------------------
 
-    def _observe(self, netdev: str, msg: Any | None, now: float) -> list[PortObservation]:
-        """Observations of the ports on ``netdev`` from one ifinfmsg (None: netdev absent)."""
-        out = []
-        for p in self._by_netdev[netdev]:
-            if msg is None:
-                out.append(
-                    PortObservation(
-                        hca=p.hca,
-                        port=p.port,
-                        monotonic=now,
-                        link_layer=p.link_layer,
-                        netdev=netdev,
-                        errors=(f"netdev {netdev} not found",),
-                        present=False,
-                    )
-                )
-                continue
-            flags = int(msg["flags"])
-            carrier = bool(flags & IFF_LOWER_UP)
-            up = carrier and bool(flags & IFF_UP)
-            out.append(
-                PortObservation(
-                    hca=p.hca,
-                    port=p.port,
-                    monotonic=now,
-                    link_layer=p.link_layer,
-                    state=PortStateName.ACTIVE if up else PortStateName.DOWN,
-                    netdev=netdev,
-                    carrier=carrier,
-                )
+    def _observe(
+        self, changed: Iterable[str], links: dict[str, Any | None], now: float
+    ) -> list[PortObservation]:
+        """Observations of the ports on the ``changed`` netdevs, from the latest ifinfmsg of
+        each netdev in ``links`` (None or missing: the netdev is absent)."""
+        ports = dict.fromkeys(p for dev in changed for p in self._by_netdev.get(dev, ()))
+        return [self._port_observation(p, links, now) for p in ports]
+
+    def _port_observation(
+        self, p: NetlinkPort, links: dict[str, Any | None], now: float
+    ) -> PortObservation:
+        msg = links.get(p.netdev)
+        members = (
+            {m: _carrier(links.get(m)) for m in p.members if m != p.netdev} if p.members else None
+        )
+        if msg is None:
+            return PortObservation(
+                hca=p.hca,
+                port=p.port,
+                monotonic=now,
+                link_layer=p.link_layer,
+                netdev=p.netdev,
+                errors=(f"netdev {p.netdev} not found",),
+                present=False,
+                members=members,
             )
-        return out
+        flags = int(msg["flags"])
+        carrier = bool(flags & IFF_LOWER_UP)
+        up = carrier and bool(flags & IFF_UP)
+        changes = msg.get_attr("IFLA_CARRIER_CHANGES")
+        return PortObservation(
+            hca=p.hca,
+            port=p.port,
+            monotonic=now,
+            link_layer=p.link_layer,
+            state=PortStateName.ACTIVE if up else PortStateName.DOWN,
+            netdev=p.netdev,
+            carrier=carrier,
+            carrier_changes=int(changes) if isinstance(changes, int) else None,
+            members=members,
+        )
 
     # -- the source -----------------------------------------------------------------------
 
@@ -185,13 +201,9 @@ class NetlinkPortSource:
                     self._overflowed(exc, during="dump")
                     continue
                 now = time.monotonic()
-                batch: list[PortObservation] = []
-                for netdev in self._by_netdev:
-                    msg = links.get(netdev)
-                    if msg is not None:
-                        index_of[netdev] = msg["index"]
-                    batch += self._observe(netdev, msg, now)
-                batch = _changes(batch, last)
+                for netdev, msg in links.items():
+                    index_of[netdev] = msg["index"]
+                batch = _changes(self._observe(self._by_netdev, links, now), last)
                 if first or batch:
                     log.info(
                         "netlink_snapshot" if first else "netlink_resync",
@@ -202,7 +214,7 @@ class NetlinkPortSource:
                     )
                     first = False
                     yield batch
-                async for batch in self._events(ipr, index_of, last):
+                async for batch in self._events(ipr, index_of, last, links):
                     yield batch
             finally:
                 ipr.close()
@@ -212,8 +224,10 @@ class NetlinkPortSource:
         ipr: AsyncIPRoute,
         index_of: dict[str, int],
         last: dict[tuple[str, int], PortObservation],
+        links: dict[str, Any | None],
     ) -> AsyncGenerator[list[PortObservation], None]:
-        """Link events until the socket overflows (then returns, so the caller re-dumps)."""
+        """Link events until the socket overflows (then returns, so the caller re-dumps).
+        ``links``: the latest message of each tracked netdev (updated here)."""
         while True:
             try:
                 msgs = [m async for m in ipr.get()]
@@ -241,10 +255,8 @@ class NetlinkPortSource:
                     elif index_of.get(name) in (None, index):
                         index_of.pop(name, None)
                         current[name] = None
-            batch: list[PortObservation] = []
-            for netdev, msg in current.items():
-                batch += self._observe(netdev, msg, now)
-            batch = _changes(batch, last)
+            links.update(current)
+            batch = _changes(self._observe(current, links, now), last)
             if batch:
                 for o in batch:
                     log.info(
@@ -253,6 +265,8 @@ class NetlinkPortSource:
                         port=o.key,
                         netdev=o.netdev,
                         carrier=o.carrier,
+                        carrier_changes=o.carrier_changes,
+                        members=dict(o.members) if o.members is not None else None,
                         state=o.state,
                         errors=list(o.errors) or None,
                     )
@@ -268,6 +282,11 @@ class NetlinkPortSource:
             overflows=self.overflows,
             action="reopen and re-dump",
         )
+
+
+def _carrier(msg: Any | None) -> bool | None:
+    """IFF_LOWER_UP of an ifinfmsg; None for an absent netdev."""
+    return None if msg is None else bool(int(msg["flags"]) & IFF_LOWER_UP)
 
 
 def _is_overflow(exc: BaseException) -> bool:

@@ -313,3 +313,20 @@ def test_flaps_total_counts_the_monitors_flaps(tmp_path: Path) -> None:
     text = agent.metrics.render()[0].decode()
     assert value(text, "linkguard_port_damping_flaps", **_port()) == 0
     assert value(text, "linkguard_port_flaps_total", **_port()) == 2
+
+
+def test_flaps_total_counts_a_flap_no_reading_saw(tmp_path: Path) -> None:
+    """A rise of the netdev's carrier_changes between two usable readings (linkguard.agent.
+    linkkinds) is a flap of the monitor's, up -> held_down: the counter counts it too."""
+    from dataclasses import replace
+
+    agent = _memory_agent(tmp_path, MemoryBroker(), None)
+    up = replace(active_port(LOST.hca, LOST.port), carrier=True, carrier_changes=4)
+    for now, obs, flaps in [(0.0, up, 0), (1.0, replace(up, carrier_changes=6), 1)]:
+        out = agent.monitor.observe([obs], now=now, wall=1e9 + now)
+        agent.metrics.observe_events(out.events)
+        assert agent.metrics.flaps[LOST.key] == flaps
+        assert agent.monitor.state(LOST.key).damping.flaps == flaps  # type: ignore[union-attr]
+    text = agent.metrics.render()[0].decode()
+    assert value(text, "linkguard_port_flaps_total", **_port()) == 1
+    assert value(text, "linkguard_port_held_down", **_port()) == 1

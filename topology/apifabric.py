@@ -178,6 +178,7 @@ def fabric_router(ctx: ApiContext) -> APIRouter:
                 "online": state.online.get(host),
                 "routed_around": host in state.away,
                 "state_write_failing": host in state.state_write_failing,
+                "device_problems": state.device_problems.get(host, []),
                 "hcas": views,
                 "plan": plan.model_dump(mode="json") if plan is not None else None,
                 "plan_epoch": state.acked_epoch(host),

@@ -222,6 +222,11 @@ class HostDoc(BaseModel):
     host: str
     su: int | None
     online: bool | None = Field(description="None: its agent never said")
+    device_problems: list[str] = Field(
+        default_factory=list,
+        description="what its agent found wrong with its RDMA devices at start (a LAG "
+        "misconfiguration: a bond member that is no bond device), one line each",
+    )
     state_write_failing: bool = Field(
         False,
         description="its agent cannot write its state_dir (ENOSPC, EIO, EROFS): it routes "

@@ -344,6 +344,7 @@ class ServiceCore(StaleRetained):
         """A fabric host's agent went online or offline (its last will)."""
         was_away = obj.host in self.state.away
         was_failing = obj.host in self.state.state_write_failing
+        had = self.state.device_problems.get(obj.host)
         if not obj.online:
             self.online_since.pop(obj.host, None)
             self.convergence.forget(obj.host)
@@ -369,6 +370,11 @@ class ServiceCore(StaleRetained):
                     },
                 )
             )
+        problems = self.state.device_problems.get(obj.host)
+        if problems and problems != had:
+            hint = "see docs/operations.md, Device naming and link kinds"
+            fields = {"host": obj.host, "problems": problems, "hint": hint}
+            out.append(Log("warning", "host_device_problems", fields))
         if was_away and obj.host not in self.state.away:
             out.append(Log("info", "route_around_ended", {"host": obj.host, "online": obj.online}))
             out += self.changed(now, urgent=False)

@@ -146,6 +146,8 @@ class FabricState:
     #: online hosts whose agent says it cannot write its state files
     #: (``HostStatus.state_write_failing``): shown as such, never as current
     state_write_failing: set[str] = field(default_factory=set)
+    #: what a host's agent found wrong with its RDMA devices (``HostStatus.device_problems``)
+    device_problems: dict[str, list[str]] = field(default_factory=dict)
     #: what is on the bus: plans (compact or full) and peer routes, retained or published
     published: dict[str, Plan] = field(default_factory=dict)
     peers: dict[str, PeerRoutes] = field(default_factory=dict)
@@ -222,6 +224,8 @@ class FabricState:
             self.state_write_failing.add(hs.host)
         else:
             self.state_write_failing.discard(hs.host)
+        if hs.online:
+            self.device_problems[hs.host] = list(hs.device_problems or [])
         if hs.online or hs.reason != "lost":
             self.lost.pop(hs.host, None)
             if hs.host in self.away:

@@ -21,6 +21,8 @@ from linkguard.agent.inbox import Inbox
 from linkguard.agent.inventory import (
     DiscoveredPort,
     build_inventory,
+    is_bond,
+    lag_problems,
     pci_root,
     read_host_layout,
     with_layout,
@@ -35,8 +37,10 @@ from linkguard.signing import Verifier
 
 if TYPE_CHECKING:
     from linkguard.agent.prober import ProbeRunner
+    from linkguard.drivers.netlink import NetlinkPort
 
 __all__ = [
+    "carrier_ports",
     "discover",
     "hold_agent_lock",
     "log_plan_verification",
@@ -59,14 +63,26 @@ log = structlog.get_logger(__name__)
 
 
 def discover(settings: AgentSettings) -> list[DiscoveredPort]:
-    """Ports found in sysfs (PCI address, NUMA node, netdev) for inventory building."""
+    """Ports found in sysfs (PCI address, NUMA node, netdev, and the netdev's bond links from
+    the net class next to the IB class: :mod:`linkguard.drivers.netclass`) for inventory
+    building."""
     if settings.driver != "sysfs":
         return []
+    from linkguard.drivers.netclass import NetdevLinks, net_root, read_netdev_links
     from linkguard.drivers.sysfs_ib import discover_hcas
 
+    net = net_root(settings.sysfs_root)
     found = []
     for d in discover_hcas(settings.sysfs_root):
         for p in d.ports:
+            netdev = d.netdevs.get(p)
+            links = (
+                read_netdev_links(net, netdev)
+                if net is not None and netdev is not None
+                else NetdevLinks()
+            )
+            for err in links.errors:
+                log.warning("sysfs_bad_value", error=err, root=str(net))
             found.append(
                 DiscoveredPort(
                     hca=d.hca,
@@ -74,14 +90,40 @@ def discover(settings: AgentSettings) -> list[DiscoveredPort]:
                     link_layer=d.link_layers.get(p),
                     pci_address=d.pci_address,
                     numa_node=d.numa_node,
-                    netdev=d.netdevs.get(p),
+                    netdev=netdev,
+                    bond_netdev=links.bond,
+                    members=links.members,
+                    master=links.master,
                 )
             )
     return found
 
 
-def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource:
-    from linkguard.drivers.netlink import NetlinkPort, NetlinkPortSource
+def carrier_ports(
+    inventory: HostInventory, discovered: Sequence[DiscoveredPort] = ()
+) -> list[NetlinkPort]:
+    """The ports whose netdev carrier is watched next to sysfs: every port with a netdev
+    (RoCE: the health signal; InfiniBand: its IPoIB netdev's carrier and carrier_changes are
+    evidence, :mod:`linkguard.agent.linkkinds`), a bond device with its member netdevs."""
+    from linkguard.drivers.netlink import NetlinkPort
+
+    members = {(d.hca, d.port): d.members for d in discovered if is_bond(d)}
+    return [
+        NetlinkPort(h.hca, h.port, h.netdev, h.link_layer, members=members.get((h.hca, h.port), ()))
+        for h in inventory.hcas
+        if h.netdev
+    ]
+
+
+def make_source(
+    settings: AgentSettings,
+    inventory: HostInventory,
+    discovered: Sequence[DiscoveredPort] = (),
+) -> PortSource:
+    """The port source: sysfs (with verbs events) merged with the netdev carrier of every
+    port that has a netdev (:func:`carrier_ports`; ``discovered`` gives the bond members),
+    or netlink alone."""
+    from linkguard.drivers.netlink import NetlinkPortSource
 
     if settings.driver == "sysfs":
         from linkguard.drivers.ethtool_stats import read_ethtool_stats
@@ -106,31 +148,18 @@ def make_source(settings: AgentSettings, inventory: HostInventory) -> PortSource
             reader=settings.verbs.reader,
         )
         # RoCE: the netdev's carrier (netlink) is the health signal; sysfs adds the RDMA view.
-        roce = [
-            NetlinkPort(h.hca, h.port, h.netdev, h.link_layer)
-            for h in inventory.hcas
-            if h.link_layer == LinkLayer.ETHERNET and h.netdev
-        ]
-        if not roce:
+        # InfiniBand with an IPoIB netdev: its carrier and carrier_changes are evidence.
+        watched = carrier_ports(inventory, discovered)
+        if not watched:
             return sysfs
-        carrier = NetlinkPortSource(
-            ports=roce,
-            netns=settings.netns,
-        )
+        carrier = NetlinkPortSource(ports=watched, netns=settings.netns)
         return CarrierMergedSource(primary=sysfs, carrier=carrier)
     if settings.driver == "netlink":
         missing = [h.key for h in inventory.hcas if not h.netdev]
         if missing:
             raise ValueError(f"netlink driver needs a netdev for every port; missing: {missing}")
-        return NetlinkPortSource(
-            # every port has a netdev (checked above)
-            ports=[
-                NetlinkPort(h.hca, h.port, h.netdev, h.link_layer)
-                for h in inventory.hcas
-                if h.netdev
-            ],
-            netns=settings.netns,
-        )
+        # every port has a netdev (checked above)
+        return NetlinkPortSource(ports=carrier_ports(inventory, discovered), netns=settings.netns)
     raise ConfigError(
         "driver 'simulated' exists for quickstart and tests only; use sysfs or netlink"
     )
@@ -284,6 +313,15 @@ def make_inventory(
     """The host inventory from the configured ports and the ones found in sysfs
     (``discovered``; None: :func:`discover` them); what does not match is logged."""
     found = discover(settings) if discovered is None else discovered
+    for problem in lag_problems(found):
+        log.warning(
+            "rdma_lag_misconfigured",
+            host=settings.host,
+            problem=problem,
+            hint="the netdev is a bond member but its RDMA device is not the bond's "
+            "(mlx5_bond_N): check the bond mode (802.3ad or active-backup) and that both "
+            "members are ports of one NIC; until then this device is no rail",
+        )
     inventory = build_inventory(
         settings.host,
         configured=settings.ports,

@@ -63,7 +63,7 @@ from linkguard.agent.core import AgentStats
 from linkguard.agent.dispatch import MessageDispatch
 from linkguard.agent.effects import FlushNeighbours
 from linkguard.agent.hooks import HookRunner
-from linkguard.agent.inventory import DiscoveredPort
+from linkguard.agent.inventory import DiscoveredPort, lag_problems
 from linkguard.agent.monitor import MonitorOutput
 from linkguard.agent.outbox import Outbox
 from linkguard.agent.railmap import RailChanges
@@ -110,12 +110,14 @@ class Agent(MessageDispatch):
         s = self.settings = settings
         self.host = settings.host
         self.me = Me()
-        self.inventory = make_inventory(settings, discovered)
+        found = discover(settings) if discovered is None else discovered
+        self.inventory = make_inventory(settings, found)
+        self.device_problems = lag_problems(found)  # in the status (HostStatus)
         self.rails = {h.key: h.rail for h in self.inventory.hcas}
         #: the service's public key (None: plans are applied unverified)
         self.verifier: Verifier | None = make_verifier(settings)
         self.require_signed = s.require_signed_plans
-        self.source = source if source is not None else make_source(settings, self.inventory)
+        self.source = source if source is not None else make_source(settings, self.inventory, found)
         self.table = table if table is not None else make_table(settings)
         self.monitor = make_monitor(settings, self.rails)
         netdevs = {h.netdev for h in self.inventory.hcas if h.netdev}

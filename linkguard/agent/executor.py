@@ -114,6 +114,8 @@ class EffectExecutor:
     #: whether the retained status last said a state file fails to be written
     _state_write_failing_said: bool = False
     duplicate: HostStatus | None
+    #: what discovery found wrong with the host's devices (HostStatus.device_problems)
+    device_problems: list[str]
     me: Me
     inbox: Inbox
     prober: ProbeRunner | None
@@ -373,6 +375,7 @@ class EffectExecutor:
             started_at=self.me.started_at,
             signing=self.inbox.posture(),
             state_write_failing=True if online and self.applier.writes.failing else None,
+            device_problems=[p[:300] for p in self.device_problems[:16]] or None,
         )
 
     async def _announce(self, delay_s: float = 0.0) -> None:

@@ -1,8 +1,16 @@
 """Build this host's inventory: which HCA port serves which rail.
 
 Rail index comes from the config when given, else from PCI address order of the discovered
-HCAs (the order the PCIe topology fixes, identical on every host of a homogeneous fleet);
-never from the HCA's name (``mlx5_3`` can be any rail after a firmware or driver change).
+HCAs (the order the PCIe topology fixes, identical on every host of a homogeneous fleet).
+Only when a rail port has no PCI address (a copied tree, a VM without the ``device`` link)
+are the rails ordered by natural device-name order (``mlx5_0 < mlx5_1 < mlx5_4 < mlx5_10``),
+logged once as ``rails_ordered_by_name`` with how to pin them (``ports:``): a name can be
+another rail after a firmware or driver change, a PCI address cannot.
+
+Bonds (docs/operations.md "Device naming and link kinds"): an RDMA device is a bond device
+when its name is ``<driver>_bond_<n>`` (mlx5 RoCE LAG) or its netdev is a bond master; a
+port whose netdev is enslaved to a bond but that is no bond device is a LAG
+misconfiguration (:func:`lag_problems`): never a rail of its own.
 
 The host layout (which GPU sits near which HCA: PCIe switch, NUMA node; :mod:`linkguard.layout`)
 is added by :func:`read_host_layout` + :func:`with_layout`, once at agent start: from the NCCL
@@ -12,10 +20,12 @@ topology file when the config names one, else from the PCI sysfs tree next to th
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 from pydantic import ValidationError
 
 from linkguard.config import PortConfig
@@ -28,10 +38,20 @@ __all__ = [
     "InventoryError",
     "build_inventory",
     "compute_ports",
+    "is_bond",
+    "lag_problems",
+    "natural_key",
     "pci_root",
     "read_host_layout",
     "with_layout",
 ]
+
+
+log = structlog.get_logger(__name__)
+
+#: an RDMA LAG device's name: mlx5 names the device of a RoCE LAG ``mlx5_bond_<n>``
+#: (drivers/infiniband/hw/mlx5/main.c, ``name = lag ? "mlx5_bond_%d" : "mlx5_%d"``)
+_BOND_NAME = re.compile(r"_bond_\d+$")
 
 
 class InventoryError(ValueError):
@@ -40,12 +60,47 @@ class InventoryError(ValueError):
 
 @dataclass(frozen=True)
 class DiscoveredPort:
+    """One port found in sysfs. ``bond_netdev``: its netdev is a bond master
+    (``bonding/`` in the net class); ``members``: that bond's member netdevs; ``master``: the
+    bond its netdev is enslaved to (None: none). :mod:`linkguard.drivers.netclass`."""
+
     hca: str
     port: int
     link_layer: LinkLayer | None = None
     pci_address: str | None = None
     numa_node: int | None = None
     netdev: str | None = None
+    bond_netdev: bool = False
+    members: tuple[str, ...] = ()
+    master: str | None = None
+
+
+def is_bond(d: DiscoveredPort) -> bool:
+    """A bond device: named ``*_bond_<n>`` (mlx5 RoCE LAG) or its netdev is a bond master."""
+    return d.bond_netdev or bool(_BOND_NAME.search(d.hca))
+
+
+def _enslaved(d: DiscoveredPort) -> bool:
+    return d.master is not None and not is_bond(d)
+
+
+def lag_problems(discovered: Sequence[DiscoveredPort]) -> list[str]:
+    """One line per port whose netdev is enslaved to a bond but that is no bond device (the
+    RoCE LAG did not form: both the bond's members and their RDMA devices are visible, so
+    RDMA traffic would bypass the bond): ``"mlx5_2/1: netdev ens2 is a member of bond0, but
+    mlx5_2 is no bond device (RoCE LAG not active): not a rail"``."""
+    return [
+        f"{d.hca}/{d.port}: netdev {d.netdev} is a member of {d.master}, but {d.hca} is no "
+        "bond device (RoCE LAG not active): not a rail"
+        for d in discovered
+        if _enslaved(d)
+    ]
+
+
+def natural_key(hca: str, port: int) -> tuple[tuple[int, object], ...]:
+    """Natural order of ``hca`` then ``port``: ``mlx5_4`` < ``mlx5_10`` (digits as numbers)."""
+    parts = [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", hca) if t]
+    return (*parts, (0, port))
 
 
 def _pci_key(p: DiscoveredPort) -> tuple[int, tuple[int, ...], str, int]:
@@ -62,10 +117,13 @@ def _pci_key(p: DiscoveredPort) -> tuple[int, tuple[int, ...], str, int]:
 
 def compute_ports(discovered: Sequence[DiscoveredPort]) -> list[DiscoveredPort]:
     """The ports that are rails when the config names none: the InfiniBand ports when there
-    are any (an H100 node's Ethernet bond is its storage/in-band NIC, not a rail), else all
-    (a RoCE fabric)."""
-    ib = [d for d in discovered if d.link_layer == LinkLayer.INFINIBAND]
-    return ib or list(discovered)
+    are any (an H100 node's Ethernet bond, ``mlx5_bond_0``, is its storage/in-band NIC, not a
+    rail), else all (a RoCE fabric, where a bond device is a rail: its health is the bond's
+    and its members'). A port enslaved to a bond without being a bond device
+    (:func:`lag_problems`) is never a rail."""
+    ports = [d for d in discovered if not _enslaved(d)]
+    ib = [d for d in ports if d.link_layer == LinkLayer.INFINIBAND]
+    return ib or ports
 
 
 def build_inventory(
@@ -81,8 +139,9 @@ def build_inventory(
     With ``configured`` ports, exactly those are used (discovery only fills PCI address, NUMA
     node, link layer and netdev they leave open); ports without a rail get the next free rails
     in PCI order. Without config, the :func:`compute_ports` are the rails, in PCI address order.
-    Raises :class:`InventoryError` on duplicate rails/ports, or when rails must be ordered by
-    PCI address and a port has none.
+    When a port to be ranked has no PCI address, all of them are ranked in natural name
+    order instead (:func:`natural_key`), logged once per call as ``rails_ordered_by_name``.
+    Raises :class:`InventoryError` on duplicate rails/ports.
     """
     found = {(d.hca, d.port): d for d in discovered}
     entries: list[tuple[PortConfig | None, DiscoveredPort]]
@@ -98,9 +157,15 @@ def build_inventory(
     unranked = sorted((d for c, d in entries if c is None or c.rail is None), key=_pci_key)
     no_pci = [f"{d.hca}/{d.port}" for d in unranked if _pci_key(d)[0] == 1]
     if no_pci:
-        raise InventoryError(
-            f"cannot order rails by PCI address: no PCI address for {', '.join(no_pci)} (no "
-            "`device` link in sysfs); give ports: with hca and rail in the config"
+        unranked.sort(key=lambda d: natural_key(d.hca, d.port))
+        log.warning(
+            "rails_ordered_by_name",
+            host=host,
+            no_pci_address=no_pci[:64],
+            order=[f"{d.hca}/{d.port}" for d in unranked][:64],
+            hint="no PCI address (no `device` link in sysfs): rails follow the device names, "
+            "which a driver or firmware change can renumber; pin them with ports: "
+            "[{hca: mlx5_0, rail: 0}, ...] in the agent config",
         )
     auto = {(d.hca, d.port): next(free) for d in unranked}
     hcas: list[HCAInfo] = []

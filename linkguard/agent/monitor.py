@@ -52,6 +52,8 @@ only copied into ``observed_at`` / ``at``). The rules (issue 2, section 4):
 * DEGRADED is not an emergency: no fast path (the agent's fast path acts on DOWN only); the
   topology service counts it unusable and re-plans. A DEGRADED port that goes down flaps like
   an UP one.
+* Link evidence (:mod:`linkguard.agent.linkkinds`): ``carrier_changes`` rising between usable
+  readings is a flap; a bond with a member down is DEGRADED; disagreeing sources are shown.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import structlog
 from pydantic import ValidationError
 
 from linkguard.agent.health import CounterHealth, CounterHealthPolicy
+from linkguard.agent.linkkinds import bond_reason, bond_verdict, disagreement, missed_flap
 from linkguard.agent.portrecord import (
     PortRecord,
     build_state,
@@ -442,8 +445,11 @@ class PortMonitor:
             p.link_layer = obs.link_layer
         if obs.netdev is not None:
             p.netdev = obs.netdev
-        verdict = raw_usability(obs, link_layer=p.link_layer)
+        # a bond's members and the netdev's carrier evidence (linkguard.agent.linkkinds)
+        verdict = bond_verdict(raw_usability(obs, link_layer=p.link_layer), obs)
         usable = obs.present and verdict.usable is True
+        p.link_reason, p.disagreement = bond_reason(obs), disagreement(obs)
+        missed = missed_flap(p, obs, usable=usable)
         baseline = counter_baseline(p, previous_obs, obs, usable=usable)
         self._health.observe(
             obs.key, obs.counters, obs.saturated, usable=usable, now=now, baseline=baseline
@@ -466,10 +472,15 @@ class PortMonitor:
         p.unreadable = None
         previous, p.raw, p.raw_reason = p.raw, verdict.usable, verdict.reason
         if previous is None or previous == verdict.usable:
-            return  # first readable reading (UP/DOWN at once), or no usability change
-        if previous and not verdict.usable:
+            if previous and missed is not None:  # down and up between two readings
+                log.warning("port_missed_flap", host=self.host, port=p.key, reason=missed)
+                self._flap(p, now)
+            else:
+                return  # first readable reading (UP/DOWN at once), or no usability change
+        elif previous and not verdict.usable:
             self._flap(p, now)
-        else:  # back: start the hold-down for the current history
+        p.missed_flap = missed
+        if verdict.usable:  # back (or a missed flap): the hold-down for the current history
             self._expire(p, now)
             p.hold_s = self.policy.hold_down_for(p.flaps)
             p.hold_until = now + p.hold_s

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from linkguard.agent.usability import MAX_REASON
 from linkguard.damping import DampingPolicy
 from linkguard.drivers.base import PortObservation
-from linkguard.models import DampingStatus, LinkLayer, PortState, PortStatus
+from linkguard.models import DampingStatus, LinkLayer, PortDisagreement, PortState, PortStatus
 
 __all__ = [
     "PortRecord",
@@ -80,6 +80,11 @@ class PortRecord:
     admitted_layer: LinkLayer | None = None  # link layer while last UP
     admitted_gids: Mapping[int, str] | None = None  # GID table while last UP
     gid_index_changed: bool = False
+    # link evidence (linkguard.agent.linkkinds)
+    carrier_base: int | None = None  # carrier_changes at the last usable carrier-up reading
+    link_reason: str | None = None  # set while a bond has members without carrier
+    missed_flap: str | None = None  # why the running hold-down began without a down reading
+    disagreement: PortDisagreement | None = None  # the sources' readings while they disagree
 
     @property
     def key(self) -> str:
@@ -117,15 +122,16 @@ def counter_baseline(
 
 def status_reason(p: PortRecord) -> str | None:
     """Why the port has its status: the unreadable reading's error, the raw reason when DOWN,
-    ``"hold_down"``, ``"suppressed"``, or the DEGRADED reasons joined by ``"; "``."""
+    ``"hold_down"``, ``"suppressed"`` (each with ``"; carrier_changes 4 -> 6 while usable"``
+    after a flap no reading saw), or the DEGRADED reasons joined by ``"; "``."""
     if p.unreadable is not None:
         return p.unreadable
     return {
         PortStatus.DOWN: p.raw_reason,
-        PortStatus.HELD_DOWN: "hold_down",
-        PortStatus.SUPPRESSED: "suppressed",
+        PortStatus.HELD_DOWN: "; ".join(r for r in ("hold_down", p.missed_flap) if r),
+        PortStatus.SUPPRESSED: "; ".join(r for r in ("suppressed", p.missed_flap) if r),
         PortStatus.DEGRADED: "; ".join(
-            r for r in (p.readmit_reason, p.health_reason) if r is not None
+            r for r in (p.readmit_reason, p.health_reason, p.link_reason) if r is not None
         ),
     }.get(p.status)
 
@@ -155,6 +161,7 @@ def material_key(p: PortRecord, policy: DampingPolicy) -> tuple:
         p.suppressed,
         hold_display(p, policy),
         p.gid_index_changed,
+        p.disagreement,
     )
 
 
@@ -194,6 +201,8 @@ def build_state(
         "counters": dict(o.counters) if o else {},
         "counters_saturated": sorted(o.saturated) if o else [],
         "gid_index_changed": p.gid_index_changed,
+        "carrier_changes": o.carrier_changes if o else None,
+        "disagreement": p.disagreement,
         "observed_at": wall,
         "seq": seq,
     }
@@ -219,6 +228,8 @@ def sanitize_fields(fields: dict, bad: set[str]) -> None:
         fields["rate_gbps"] = rate if ok and 0 <= rate <= _MAX_RATE_GBPS else None
     if "netdev" in bad:
         fields["netdev"] = None
+    if "carrier_changes" in bad:
+        fields["carrier_changes"] = None
     if "counters" in bad:
         counters = {
             k: (v if isinstance(v, int) and not isinstance(v, bool) else None)

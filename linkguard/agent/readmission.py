@@ -58,7 +58,8 @@ class Readmission:
         self.rate_settle_s = float(rate_settle_s)
 
     def up_or_degraded(self, p: PortRecord, now: float) -> PortStatus:
-        """UP, or DEGRADED while the counters (``p.health_reason``, set by the caller), the
+        """UP, or DEGRADED while the counters (``p.health_reason``, set by the caller), a
+        bond's members (``p.link_reason``, :mod:`linkguard.agent.linkkinds`), the
         re-admission check or the rate check say so. The rate of a port not short of it (only
         upwards, once held ``rate_settle_s``) and an UP port's link layer and GID table become
         the reference for its next re-admission."""
@@ -105,7 +106,7 @@ class Readmission:
             # never becomes the bar the port is then held to
             assert p.obs is not None and p.obs.rate_gbps is not None  # _rate_settled: both set
             p.ref_rate = max(p.ref_rate or 0.0, p.obs.rate_gbps)
-        if p.readmit_reason is not None or p.health_reason is not None:
+        if p.readmit_reason is not None or p.health_reason is not None or p.link_reason:
             return PortStatus.DEGRADED
         if o is not None:
             p.admitted_layer = p.link_layer

@@ -108,7 +108,8 @@ PORT_RATE = MetricSpec(
 PORT_FLAPS = MetricSpec(
     "linkguard_port_flaps_total",
     "counter",
-    "Flaps (the port went from usable to down) since the agent started",
+    "Flaps (the port went from usable to down, or down and up between two readings) since "
+    "the agent started",
     PORT_LABELS,
 )
 PLAN_EPOCH_APPLIED = MetricSpec(
@@ -237,9 +238,14 @@ class AgentMetrics:
     def observe_events(self, events: Sequence[PortEvent]) -> None:
         """Count flaps: a status transition to ``down`` from ``up``, ``held_down`` or
         ``suppressed`` (exactly the monitor's flaps: a readable usable -> unusable change; the
-        first reading at start, from ``unknown``, is none)."""
+        first reading at start, from ``unknown``, is none), and one from ``up`` or
+        ``degraded`` straight to ``held_down`` or ``suppressed``: a flap no reading saw,
+        counted from the netdev's carrier_changes (:mod:`linkguard.agent.linkkinds`)."""
         for ev in events:
-            if ev.current == PortStatus.DOWN and ev.previous.value in ("up", *UNUSABLE):
+            if (ev.current == PortStatus.DOWN and ev.previous.value in ("up", *UNUSABLE)) or (
+                ev.current in (PortStatus.HELD_DOWN, PortStatus.SUPPRESSED)
+                and ev.previous in (PortStatus.UP, PortStatus.DEGRADED)
+            ):
                 self.flaps[f"{ev.hca}/{ev.port}"] += 1
 
     def observe_ack(self, ack: Ack) -> None:

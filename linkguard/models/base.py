@@ -312,6 +312,16 @@ class HostInventory(_Model):
         return self
 
 
+class PortDisagreement(_Model):
+    """A port's sysfs ``state``/``phys_state`` and its ``netdev``'s ``carrier``, while ACTIVE
+    and carrier up do not go together (:mod:`linkguard.agent.linkkinds`)."""
+
+    sysfs_state: PortStateName | None = None
+    sysfs_phys_state: PhysState | None = None
+    carrier: bool | None = None
+    netdev: NetdevName | None = None
+
+
 class PortState(_Model):
     """The monitored state of one port, published retained on ``hosts/<host>/ports/<hca>/<port>``.
 
@@ -340,6 +350,10 @@ class PortState(_Model):
         description="RoCE: the GID table's indexes moved when the port last came back from "
         "hold-down (a GID now at another index; NCCL_IB_GID_INDEX may need a new value)",
     )
+    carrier_changes: int | None = Field(
+        None, ge=0, le=2**32 - 1, description="netdev IFLA_CARRIER_CHANGES; None: not read"
+    )
+    disagreement: PortDisagreement | None = Field(None, description="None: sources agree")
     observed_at: float = Field(ge=0, description="wall-clock seconds since the Unix epoch")
     seq: int = Field(0, ge=0, description="per-agent sequence number, increases per publish")
 
@@ -437,6 +451,8 @@ class HostStatus(_Model):
 
     ``signing``: whether the agent requires signed plans and with which keys
     (:class:`SigningPosture`); None: an older agent that does not say.
+    ``device_problems``: RDMA device problems found at start, one line each (a LAG
+    misconfiguration: :func:`linkguard.agent.inventory.lag_problems`); None: none, or older.
     ``state_write_failing``: True while the agent cannot write a file of its ``state_dir``
     (ENOSPC, EIO, EROFS: :mod:`linkguard.agent.statewrites`); it routes from memory, but what
     it would restart from is not current, so the service flags the host. None: an older agent
@@ -452,6 +468,7 @@ class HostStatus(_Model):
     started_at: float | None = Field(None, ge=0)
     signing: SigningPosture | None = None
     state_write_failing: bool | None = None
+    device_problems: list[Annotated[str, Field(max_length=300)]] | None = Field(None, max_length=16)
 
 
 class ServiceStatus(_Model):

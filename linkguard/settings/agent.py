@@ -81,7 +81,8 @@ class AgentSettings(SettingsBase):
     )
     ports: list[PortConfig] = Field(
         default_factory=list,
-        description="empty: every HCA port found in sysfs, rails by PCI address order",
+        description="empty: every HCA port found in sysfs, rails by PCI address order (natural "
+        "name order when a port has no PCI address)",
     )
     endpoints: list[ipaddress.IPv4Address] = Field(
         default_factory=list, max_length=64, description="one /32 per GPU, index = GPU"

@@ -41,7 +41,9 @@ class PortConfig(Section):
 
     hca: str = Field(min_length=1, max_length=64, description="HCA name in sysfs, e.g. mlx5_0")
     port: int = Field(1, ge=1, le=255, description="HCA port number (sysfs ports/N)")
-    rail: int | None = Field(None, ge=0, le=63, description="None: by PCI address order")
+    rail: int | None = Field(
+        None, ge=0, le=63, description="None: by PCI address order (else natural name order)"
+    )
     netdev: str | None = Field(
         None, max_length=15, description="the port's netdev; None: from sysfs (device/net)"
     )

@@ -50,3 +50,37 @@ async def test_carrier_merged_into_ethernet_ports_only() -> None:
         gone = (await asyncio.wait_for(anext(it), 5))[0]
         assert gone.present is False and "netdev bond0 not found" in gone.errors
         assert raw_usability(gone).usable is False
+
+
+async def test_ipoib_netdev_is_evidence_only_for_an_infiniband_port() -> None:
+    """An InfiniBand port's IPoIB netdev: its carrier and carrier_changes are merged in, but
+    a netdev that is not found leaves the port as sysfs reads it (present, carrier None,
+    the error kept), unlike a RoCE port's."""
+    sysfs = SimulatedPortSource([active_port("mlx5_0")])
+    netlink = SimulatedPortSource(
+        [
+            PortObservation(
+                hca="mlx5_0",
+                port=1,
+                monotonic=0.0,
+                netdev="ibp12s0",
+                carrier=True,
+                carrier_changes=7,
+                link_layer=LinkLayer.INFINIBAND,
+            ),
+        ]
+    )
+    merged = CarrierMergedSource(primary=sysfs, carrier=netlink)
+    async with contextlib.aclosing(merged.watch()) as it:
+        seen: dict[str, PortObservation] = {}
+        while getattr(seen.get("mlx5_0/1"), "carrier", None) is not True:
+            for o in await asyncio.wait_for(anext(it), 5):
+                seen[o.key] = o
+        ib = seen["mlx5_0/1"]
+        assert (ib.netdev, ib.carrier, ib.carrier_changes) == ("ibp12s0", True, 7)
+
+        netlink.set("mlx5_0", present=False, carrier=None, errors=("netdev ibp12s0 not found",))
+        gone = (await asyncio.wait_for(anext(it), 5))[0]
+        assert (gone.present, gone.carrier, gone.state.value) == (True, None, "ACTIVE")
+        assert "netdev ibp12s0 not found" in gone.errors
+        assert raw_usability(gone) == (True, None)

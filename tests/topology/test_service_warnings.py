@@ -45,3 +45,36 @@ async def test_online_hosts_without_port_states_are_named_after_the_settle() -> 
     with capture_logs() as logs:
         svc._warn_unknown_ports()
     assert not [e for e in logs if e["event"] == "port_states_missing"]
+
+
+def test_device_problems_of_a_host_are_logged_once_and_kept_for_the_api() -> None:
+    """An agent's status naming a LAG misconfiguration (HostStatus.device_problems): the
+    service logs ``host_device_problems`` once (again only when they change), keeps them for
+    the host view, and clears them with a status that has none (or an older agent's)."""
+    from linkguard.presence import Me
+    from linkguard.topology.core import ServiceCore
+    from linkguard.topology.effects import Log
+
+    fabric = generate_rail_optimized(hosts=2, rails=2)
+    me = Me(instance="ff", started_at=1.0)
+    core = ServiceCore(
+        ServiceSettings(), fabric, verifier=None, me=me, elected=False, epoch_start=1
+    )
+    problem = (
+        "mlx5_5/1: netdev ens5np0 is a member of bond1, but mlx5_5 is no bond device "
+        "(RoCE LAG not active): not a rail"
+    )
+    status = HostStatus(host="gpu001", online=True, at=1.0, device_problems=[problem])
+
+    def logged(effects) -> list[dict]:
+        return [
+            e.fields for e in effects if isinstance(e, Log) and e.event == "host_device_problems"
+        ]
+
+    first = logged(core.on_host_status(status, 1.0))
+    assert [(f["host"], f["problems"]) for f in first] == [("gpu001", [problem])]
+    assert logged(core.on_host_status(status, 2.0)) == []  # the same again: once
+    assert core.state.device_problems["gpu001"] == [problem]
+    older = HostStatus.model_validate_json(b'{"host": "gpu001", "online": true}')
+    assert logged(core.on_host_status(older, 3.0)) == []
+    assert core.state.device_problems["gpu001"] == []
