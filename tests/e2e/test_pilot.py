@@ -6,8 +6,10 @@ ports for the exporters and the API). Root; skips without it or without Mosquitt
 under LINKGUARD_REQUIRE_REAL=1).
 
 1. install: the installed ``linkguard`` answers ``--version``;
-2. the fabric (``# discover: replaced when fabric discover lands``: ``fabric generate`` today),
-   made RoCE for the lab's veths;
+2. discover: the lab is built from a generated layout (the hosts as cabled; RoCE, its ports
+   are veths) with lldpd in every host namespace and on every leaf; the agents start (dry
+   run) and publish their discovery documents, ``linkguard fabric discover --broker ...
+   --lldp`` writes the fabric with no unknowns, and it is the lab's;
 3. dry run: both configs pass ``config check``; every host acks its plan, its exporter shows
    the dry run (``linkguard_routes_dry_run`` 1), the plan's epoch applied and the ports up,
    the service's ``/metrics`` every host online and none owing an ack; a link goes down: the
@@ -30,6 +32,7 @@ under LINKGUARD_REQUIRE_REAL=1).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -44,9 +47,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from linkguard.simulations.lab import Lab
+from linkguard.simulations.labdiscover import LldpdSet, compare_discovered
 from linkguard.simulations.labprocs import roce_fabric
-from linkguard.topology.fabric import Fabric, dump_fabric, load_fabric
-from tests.e2e.harness import Observer, Procs, observer_bus, start_all, until
+from linkguard.topology.fabric import Fabric, load_fabric
+from tests.e2e.harness import Observer, Procs, observer_bus, until
 from tests.support import free_ports, require_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,14 +171,16 @@ async def test_the_pilot_walk_through_dry_run_then_routes_then_signing(
     # -- 1. install ------------------------------------------------------------------------
     assert cli("--version").startswith("linkguard ")
 
-    # -- 2. the fabric -------------------------------------------------------------------------
-    # discover: replaced when fabric discover lands
+    # the hosts as cabled: the lab is built from a generated layout (RoCE: its ports are
+    # veths), with lldpd in every host namespace and on every leaf; step 2 discovers it
     cli("fabric", "generate", "--hosts", "3", "--rails", "2", "-o", str(tmp_path / "gen.yaml"))
-    fabric = roce_fabric(load_fabric(tmp_path / "gen.yaml"))  # the lab's ports are veths
-    (tmp_path / "fabric.yaml").write_text(dump_fabric(fabric, "yaml"))
+    fabric = roce_fabric(load_fabric(tmp_path / "gen.yaml"))
     names = [h.host for h in fabric.hosts]
 
-    with Lab.from_fabric(fabric) as lab:
+    with Lab.from_fabric(fabric) as lab, contextlib.ExitStack() as stops:
+        lldp = LldpdSet.start(lab, tmp_path)
+        stops.callback(lldp.stop)  # before the lab's namespaces go
+        lldp.wait_neighbours(lab)
         ns = {h.name: h.netns for h in lab.hosts}
         # the endpoints (GPU 0 of gpu000, home rail 0; GPU 0 of gpu001) and rail addresses
         ep0, ep1 = str(fabric.hosts[0].endpoints[0]), str(fabric.hosts[1].endpoints[0])
@@ -190,19 +196,54 @@ async def test_the_pilot_walk_through_dry_run_then_routes_then_signing(
             n: agent_config(fabric, lab, i, mosquitto.port, tmp_path, metrics_ports[i])
             for i, n in enumerate(names)
         }
-        for n in names:
+        for n in names:  # the lab's lldpd has its own socket per host
+            agents[n]["discovery"] = {"lldp": "on", "lldp_command": lldp.command(n)}
             cfgs[n] = write(tmp_path / f"agent-{n}.yaml", agents[n])
         mport = dict(zip(names, metrics_ports, strict=True))
-
-        # -- 3. dry run with metrics -------------------------------------------------------
         checked = yaml.safe_load(cli("config", "check", str(cfgs[names[0]]), "--role", "agent"))
         assert checked["routes"]["apply"] is False
-        cli("config", "check", str(cfgs["service"]), "--role", "service")
         procs, obs = Procs(tmp_path), Observer()
         try:
             async with observer_bus(mosquitto.port, obs) as bus:
                 await bus.wait_connected(10)
-                await start_all(procs, obs, cfgs, names)
+                # -- 2. discover the fabric: the agents first (dry run), then the command ----
+                procs.seen = lambda: obs.summary(names)
+                for n in names:
+                    procs.start(n, ["agent", "-c", str(cfgs[n])])
+                await until(
+                    lambda: set(names) <= set(obs.discovery), 20, "discovery documents", procs
+                )
+                unknowns = tmp_path / "unknowns.json"
+                broker = f"127.0.0.1:{mosquitto.port}"
+                out = str(tmp_path / "fabric.yaml")
+                done = subprocess.run(
+                    [
+                        str(CLI),
+                        "fabric",
+                        "discover",
+                        "--broker",
+                        broker,
+                        "--lldp",
+                        "-o",
+                        out,
+                        "--unknowns",
+                        str(unknowns),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert done.returncode == 0, done.stderr
+                assert "discovered 3 hosts, 2 rails, 2 switches" in done.stderr, done.stderr
+                assert json.loads(unknowns.read_text()) == []
+                found = load_fabric(tmp_path / "fabric.yaml")
+                assert compare_discovered(found, fabric) == []  # the lab, as cabled
+                cli("fabric", "show", "--fabric", str(tmp_path / "fabric.yaml"))
+
+                # -- 3. dry run with metrics ---------------------------------------------
+                cli("config", "check", str(cfgs["service"]), "--role", "service")
+                procs.start("service", ["topology", "serve", "-c", str(cfgs["service"])])
+                await until(lambda: current_acked(obs, names), 30, "initial plans acked", procs)
                 for n in names:
                     plan = obs.latest_plan(n)
                     assert plan is not None
