@@ -164,6 +164,8 @@ class _Run:
         self.by_node_port: dict[tuple[str, int | None], HostCable] = {}
         self.by_host_hca: dict[tuple[str, str, int | None], HostCable] = {}
         self.by_host_netdev: dict[tuple[str, str], HostCable] = {}
+        #: cables that name a host but neither device nor netdev (matched by position)
+        self.by_host: dict[str, list[HostCable]] = defaultdict(list)
         for c in self.graph.cables:
             if c.port_guid:
                 self.by_port_guid.setdefault(c.port_guid, c)
@@ -173,6 +175,8 @@ class _Run:
                 self.by_host_hca.setdefault((c.host, c.hca, c.ca_port), c)
             if c.host and c.netdev:
                 self.by_host_netdev.setdefault((c.host, c.netdev), c)
+            if c.host and not c.hca and not c.netdev:
+                self.by_host[c.host].append(c)
         self.used: set[int] = set()
 
     def cable(self, d: HostDiscovery, p: RdmaPortFacts) -> HostCable | None:
@@ -198,12 +202,10 @@ class _Run:
         """Cables that name ``d``'s host but no device (an ibsim file, a dump whose CAs a GUID
         map names by host only), paired in order with ``ports`` (PCI, then name order) when
         the counts agree; a warning names the host either way."""
-        left = [
-            c
-            for c in self.graph.cables
-            if c.host == d.host and not c.hca and not c.netdev and id(c) not in self.used
-        ]
-        if not left or not ports:
+        if not ports:
+            return {}
+        left = [c for c in self.by_host.get(d.host, []) if id(c) not in self.used]
+        if not left:
             return {}
         if len(left) != len(ports):
             self.out.warnings.append(
