@@ -91,9 +91,18 @@ def read_host_facts(
             if layer == LinkLayer.INFINIBAND:
                 port_guid = guid_from_text(_optional(reader, root, f"{d.hca}/ports/{p}/gids/0", []))
             state_text = _optional(reader, root, f"{d.hca}/ports/{p}/state", errors)
-            state, _ = parse_state(state_text) if state_text else (None, None)
+            state, bad = parse_state(state_text) if state_text else (None, None)
+            if bad:
+                errors.append(f"{d.hca}/ports/{p}/state: {bad}")
             rate_text = _optional(reader, root, f"{d.hca}/ports/{p}/rate", errors)
-            rate, _ = parse_rate(rate_text) if rate_text else (None, None)
+            rate, bad = parse_rate(rate_text) if rate_text else (None, None)
+            if bad:
+                errors.append(f"{d.hca}/ports/{p}/rate: {bad}")
+            if layer == LinkLayer.INFINIBAND and node_guid is None and port_guid is None:
+                errors.append(
+                    f"{d.hca}/ports/{p}: no node_guid or gids/0 GUID: it cannot be matched to "
+                    "an ibnetdiscover dump by GUID"
+                )
             out.ports.append(
                 RdmaPortFacts(
                     hca=d.hca,

@@ -214,6 +214,17 @@ def test_bad_usage_exits_2(args: list[str], message: str) -> None:
     assert message in done.stderr
 
 
+def test_two_documents_of_one_host_and_an_empty_name_are_refused(tmp_path: Path) -> None:
+    doc = HostDiscovery(host="gpu000").model_dump_json()
+    (tmp_path / "a.json").write_text(doc)
+    (tmp_path / "b.json").write_text(doc)
+    done = _cli("fabric", "discover", "--facts", str(tmp_path), "--lldp")
+    assert done.returncode == 2
+    assert "host 'gpu000' again (also in" in done.stderr and "a.json" in done.stderr
+    done = _cli("fabric", "discover", "--facts", str(tmp_path / "a.json"), "--lldp", "--name", "")
+    assert done.returncode == 2 and "--name: 1 to 128 characters" in done.stderr
+
+
 def test_a_file_that_is_no_discovery_document_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "h.json"
     bad.write_text('{"host": "h", "ports": "nope"}')

@@ -136,13 +136,19 @@ async def test_a_host_that_cannot_be_placed_keeps_the_service_waiting(
         bus=BusSettings(port=mosquitto.port, reconnect_min_s=0.05),
         api={"enabled": False},
     )
-    await _publish(mosquitto.port, (topics.discovery("gpu000"), encode(_doc(0))))
+    await _publish(
+        mosquitto.port,
+        (topics.discovery("gpu000"), encode(_doc(0))),
+        (topics.discovery("junk"), b"{garbage"),
+    )
     stop = asyncio.Event()
     with capture_logs() as logs:
         task = asyncio.create_task(run_discovered(settings, settings.fabric, stop=stop))
         await until(lambda: any(e["event"] == "fabric_discovery_waiting" for e in logs), "waiting")
         stop.set()
         await asyncio.wait_for(task, 10)
+    refused = [e["detail"] for e in logs if e["event"] == "discovery_document_refused"]
+    assert refused and refused[0].startswith("linkguard/v1/hosts/junk/discovery: not_json")
     unknown = {(e["host"], e["device"], e["rule"]) for e in logs if e.get("rule")}
     assert unknown == {
         ("gpu000", "mlx5_0/1", "not_in_switch_graph"),

@@ -125,8 +125,11 @@ class _Run:
                 for c in d.inventory.hcas
             ]
         has_ib = any(p.link_layer == LinkLayer.INFINIBAND for p in ports)
+        pinned = {c.key: c.netdev for c in (d.inventory.hcas if d.inventory else []) if c.netdev}
         out = []
         for p in ports:
+            if p.netdev is None and p.key in pinned:  # the agent's ports: config names it
+                p = p.model_copy(update={"netdev": pinned[p.key]})
             nd = d.netdev(p.netdev)
             master = d.netdev(nd.bond_master) if nd is not None else None
             if nd is not None and master is not None:
@@ -241,8 +244,12 @@ class _Run:
                         "not_in_switch_graph",
                         f"no cable found in {self.graph.source} (port GUID "
                         f"{p.port_guid or 'unknown'}, node GUID {p.node_guid or 'unknown'}, "
-                        f"netdev {p.netdev or 'none'}): not cabled, or the dump is of another "
-                        "fabric",
+                        f"netdev {p.netdev or 'none'}): not cabled, "
+                        + (
+                            "or its lldpd saw no neighbour on that netdev"
+                            if self.graph.source.startswith("lldp")
+                            else "or the dump is of another fabric"
+                        ),
                     )
                     continue
                 placed.append(Placed(d.host, p, cable, own.get(p.key, order[p.key])))
@@ -357,7 +364,8 @@ class _Run:
                     pl.host,
                     pl.port.key,
                     "no_netdev",
-                    "no netdev (IPoIB not configured?): a rail's routes leave by its netdev",
+                    "no netdev in sysfs or in the agent's ports: config (IPoIB not configured? "
+                    "pin it with ports: [{hca, port, netdev}]): a rail's routes leave by it",
                 )
                 placed.remove(pl)
         host_subnets = self.addresses(placed)

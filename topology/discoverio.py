@@ -30,9 +30,12 @@ def load_discovery(spec: FabricDiscovery) -> tuple[DiscoveryDesk, Fabric | None]
             gmap = load_guid_map(src.guid_map) if src.guid_map is not None else None
             graph = from_ibnetdiscover(topo, gmap)
         tables = {name: read_lldp_file(path) for name, path in src.switch_lldp.items()}
-        expected = load_fabric(spec.expected) if spec.expected is not None else None
     except OSError as exc:
         raise ConfigError(f"fabric.discover: cannot read {exc.filename}: {exc.strerror}") from None
     except (FabricError, LldpError, ValueError) as exc:
         raise ConfigError(f"fabric.discover: {exc}") from None
+    try:
+        expected = load_fabric(spec.expected) if spec.expected is not None else None
+    except FabricError as exc:
+        raise ConfigError(f"fabric.expected: {exc}") from None
     return DiscoveryDesk(source=src, graph=graph, switch_tables=tables), expected

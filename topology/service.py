@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -95,13 +95,16 @@ class TopologyService(ScheduleIO, ProbesIO):
         bus_factory: Callable[..., BusSession] = Bus,
         expected: Fabric | None = None,
         discovered: Discovery | None = None,
+        on_discovery: Callable[[BusMessage], Awaitable[None]] | None = None,
     ) -> None:
         """``bus_factory`` makes the bus session (takes :class:`~linkguard.bus.Bus`'s keyword
         arguments); simulations pass an in-memory bus. ``expected`` and ``discovered`` (with
         ``fabric: {discover: ...}``): the fleet audit compares the expected fabric with the
         discovered one. Raises KeyFileError (a ConfigError) for a ``signing_key`` file that
-        cannot be used, e.g. mode 0644."""
+        cannot be used, e.g. mode 0644. ``on_discovery``: takes every ``hosts/<host>/discovery``
+        message (:func:`run_discovered`'s desk)."""
         self.settings = settings
+        self.on_discovery = on_discovery
         self.audit_expected = expected
         self.discovered = discovered
         self.signer = Signer.from_file(settings.signing_key) if settings.signing_key else None
@@ -255,6 +258,9 @@ class TopologyService(ScheduleIO, ProbesIO):
     # -- bus -> core -> effects ------------------------------------------------------------
 
     async def _on_message(self, msg: BusMessage) -> None:
+        if self.on_discovery is not None and msg.topic.endswith("/discovery"):
+            await self.on_discovery(msg)  # the core reads no discovery document
+            return
         if msg.topic == _FAULTS_TOPIC:
             await self._on_fabric_faults(msg)
             return
@@ -346,6 +352,9 @@ async def run_discovered(
     async def take(m: BusMessage) -> None:
         if desk.take(m.topic, m.payload, max_bytes=settings.bus.max_message_bytes):
             changed.set()
+        for line in desk.refused:  # a forged or malformed document: said when it arrives
+            log.warning("discovery_document_refused", detail=line)
+        desk.refused.clear()
 
     async def quiet(seconds: float) -> bool:
         """Wait ``seconds`` unless stopped; False when stopped."""
@@ -354,15 +363,21 @@ async def run_discovered(
                 await stop.wait()
         return not stop.is_set()
 
+    # Until the first fabric a connection of its own reads the documents; then the service's
+    # connection does (on_discovery): one connection at a time, so a broker that makes the
+    # user name the client id (use_username_as_clientid) does not make them take over each
+    # other.
     me = Me()
-    collector = bus_factory(
+    collector: BusLife | None = None
+    made = bus_factory(
         **settings.bus.connection(),
         client_id=f"linkguard-discovery-{me.instance}",
         subscriptions=[topics.all_discovery()],
         handler=take,
     )
-    assert isinstance(collector, BusLife)  # Bus and MemoryBus: `async with` runs the handler
-    async with collector:
+    assert isinstance(made, BusLife)  # Bus and MemoryBus: `async with` runs the handler
+    collector = await made.__aenter__()
+    try:
         fabric: Fabric | None = None
         while await quiet(settle):
             changed.clear()
@@ -371,12 +386,18 @@ async def run_discovered(
             if result.fabric is None or result.fabric == fabric:
                 if service is None:
                     log.warning("fabric_discovery_waiting", documents=len(desk.docs))
-                await _first(changed.wait(), stop.wait())
+                await _first(changed.wait(), stop.wait(), *([running] if running else []))
+                if running is not None and running.done():
+                    running.result()  # a failure (leadership lost, duplicate) ends the run
+                    return
                 continue
             if service is not None and running is not None:
                 log.info("fabric_discovery_changed", hosts=len(result.fabric.hosts))
                 service.stop()
                 await running
+            if collector is not None:
+                await collector.close()
+                collector = None
             fabric = result.fabric
             service = TopologyService(
                 settings,
@@ -384,13 +405,17 @@ async def run_discovered(
                 bus_factory=bus_factory,
                 expected=expected,
                 discovered=result,
+                on_discovery=take,
             )
             running = asyncio.create_task(service.run(), name="service")
             await _first(changed.wait(), stop.wait(), running)
             if running.done():
                 running.result()  # a failure (leadership lost, duplicate) ends the run
                 return
-        if service is not None and running is not None:
+    finally:
+        if collector is not None:
+            await collector.close()
+        if service is not None and running is not None and not running.done():
             service.stop()
             await running
 

@@ -76,6 +76,11 @@ async def collect_discovery(
         facts = await asyncio.to_thread(read_host_facts, settings.sysfs_root, NET_ROOT)
         ports = facts.ports
         problems += facts.problems
+        if not ports:
+            problems.append(
+                f"{settings.sysfs_root}: no RDMA device (RDMA stack not loaded, or another "
+                "sysfs_root)"
+            )
         if settings.netns is None:  # /sys/class/net is this namespace's
             sysfs_netdevs = facts.netdevs
     try:

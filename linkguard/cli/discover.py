@@ -139,6 +139,7 @@ def _load_facts(paths: list[Path]):
     from linkguard.models.discovery import HostDiscovery
 
     out: dict[str, HostDiscovery] = {}
+    where: dict[str, Path] = {}
     for p in paths:
         files = sorted(p.glob("*.json")) if p.is_dir() else [p]
         for file in files:
@@ -148,7 +149,12 @@ def _load_facts(paths: list[Path]):
                 raise ValueError(f"{file}: cannot read: {exc.strerror or exc}") from None
             except BadMessage as exc:
                 raise ValueError(f"{file}: not a discovery document: {exc.detail}") from None
-            out[doc.host] = doc
+            if doc.host in out:  # a cloned machine, or fabric facts on the system host name
+                raise ValueError(
+                    f"{file}: host {doc.host!r} again (also in {where[doc.host]}): each host "
+                    "name once (set `host:` in the agent config)"
+                )
+            out[doc.host], where[doc.host] = doc, file
     return out
 
 
@@ -247,6 +253,8 @@ def _discover(args: argparse.Namespace) -> int:
         parser.error("--guid-map goes with --ibnetdiscover")
     if args.switch_lldp and not args.lldp:
         parser.error("--switch-lldp goes with --lldp")
+    if not args.name.strip() or len(args.name) > 128:
+        parser.error("--name: 1 to 128 characters")
     specs = [spec.partition("=") for spec in args.switch_lldp]
     for spec, (name, sep, file) in zip(args.switch_lldp, specs, strict=True):
         if not sep or not name or not file:

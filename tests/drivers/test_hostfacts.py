@@ -63,6 +63,9 @@ def test_the_real_h100_tree_lists_every_port_with_its_kind(
     assert [p.node_guid for p in facts.ports].count("0c42a10300b51234") == 1
     assert all(p.port_guid is None for p in facts.ports)
     assert facts.netdevs == []
+    # each IB port without a GUID is named: it cannot be matched to a dump by GUID
+    unmatched = [x for x in facts.problems if "no node_guid or gids/0 GUID" in x]
+    assert len(unmatched) == 7 and not any("mlx5_4/" in x for x in unmatched)
 
 
 def test_bonds_and_ipoib_from_a_class_net_tree(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from linkguard.config import ServiceSettings
 from linkguard.drivers.hostfacts import read_host_facts
 from linkguard.drivers.lldp import read_lldp_file
-from linkguard.models import LinkLayer
+from linkguard.models import HCAInfo, HostInventory, LinkLayer
 from linkguard.models.discovery import HostDiscovery, NetdevFacts, RdmaPortFacts
 from linkguard.topology.discover import discover_fabric
 from linkguard.topology.fabric import dump_fabric, load_fabric
@@ -289,6 +289,9 @@ def test_each_rule_leaves_its_port_out_and_names_it() -> None:
         ],
     )
     c = HostDiscovery(host="c", ports=[_ib("mlx5_0", "ib0", "00000000000000ff")])  # no cable
+    # the netdev sysfs does not show, pinned in the agent's ports: config, is the port's
+    d_inv = HostInventory(host="d", hcas=[HCAInfo(hca="mlx5_0", rail=0, netdev="ibp9")])
+    d = HostDiscovery(host="d", inventory=d_inv, ports=[_ib("mlx5_0", None, "00000000000000dd")])
     dump = _dump(
         [
             (g["a0"], "leaf-0", 1),
@@ -298,10 +301,11 @@ def test_each_rule_leaves_its_port_out_and_names_it() -> None:
             (g["b0"], "leaf-0", 2),
             (g["b1"], "leaf-0", 3),
             (g["b2"], "leaf-2", 2),
+            ("00000000000000dd", "leaf-0", 4),
         ]
     )
     graph = from_ibnetdiscover(parse_ibnetdiscover(dump, source="t"))
-    result = discover_fabric([a, b, c], graph)
+    result = discover_fabric([a, b, c, d], graph)
     got = {(u.host, u.device): u.rule for u in result.unknowns}
     assert got == {
         ("a", "mlx5_2/1"): "no_netdev",
@@ -312,6 +316,7 @@ def test_each_rule_leaves_its_port_out_and_names_it() -> None:
         ("c", "mlx5_0/1"): "not_in_switch_graph",
         ("a", None): "no_endpoints",
         ("b", None): "no_endpoints",
+        ("d", "mlx5_0/1"): "no_address",  # its pinned netdev ibp9 has none: not no_netdev
         (None, "S-0000000000000001"): "leaf_numbering",
     }
     assert result.fabric is None  # no host has endpoints and none was planned
