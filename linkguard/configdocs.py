@@ -131,6 +131,8 @@ def _sections(annotation: Any) -> tuple[list[type[BaseModel]], bool]:
     args = typing.get_args(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation], False
+    if origin is typing.Annotated:  # a tagged union member (fabric: file or discovery)
+        return _sections(args[0])
     if origin is list and args:
         inner, _ = _sections(args[0])
         return inner, bool(inner)

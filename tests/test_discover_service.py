@@ -193,3 +193,7 @@ def test_config_check_reads_the_discovery_inputs(tmp_path: Path) -> None:
     both = check(f"{{discover: {{ibnetdiscover: {dump}, lldp: true}}}}")
     assert both.returncode != 0
     assert "give one switch graph" in both.stdout + both.stderr
+    typo = check(f"{{discover: {{ibnetdiscover: {dump}, setle_s: 3}}}}")
+    said = typo.stdout + typo.stderr
+    assert typo.returncode != 0 and "fabric.discovery.discover.setle_s" in said
+    assert "lax-or-strict" not in said  # the discovery section's error, not the file path's

@@ -11,9 +11,9 @@ and the signing key. The old flat keys of :attr:`ServiceSettings.renamed_keys` (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from linkguard.backoffpolicy import BackoffPolicy
@@ -33,6 +33,19 @@ from linkguard.settings.servicesections import (
 )
 
 __all__ = ["ServiceSettings"]
+
+
+def _fabric_kind(value: Any) -> str:
+    """A mapping (or the model) is ``fabric: {discover: ...}``; anything else a file path."""
+    return "discovery" if isinstance(value, dict | FabricDiscovery) else "file"
+
+
+#: ``fabric:`` is a file path or ``{discover: ...}``; told apart by the value's shape, so an
+#: error names the one that was meant (``fabric.discovery.discover.settle_s``), not both
+FabricSource = Annotated[
+    Annotated[Path, Tag("file")] | Annotated[FabricDiscovery, Tag("discovery")],
+    Discriminator(_fabric_kind),
+]
 
 
 class ServiceSettings(SettingsBase):
@@ -56,7 +69,7 @@ class ServiceSettings(SettingsBase):
     def _old_keys(cls, data: Any) -> Any:
         return move_deprecated(data, cls.renamed_keys)
 
-    fabric: Path | FabricDiscovery | None = Field(
+    fabric: FabricSource | None = Field(
         None,
         description="fabric file (JSON/YAML), or {discover: {...}} to run on a fabric "
         "discovered from the agents (docs/discovery.md); None = generate",
