@@ -72,6 +72,17 @@ def test_a_key_given_twice_in_the_config_is_refused(tmp_path: Path) -> None:
         load_settings(ServiceSettings, cfg)
 
 
+def test_a_complex_key_in_the_config_is_refused(tmp_path: Path) -> None:
+    """YAML's explicit key (``? rails: 2``) makes a mapping a key: refused with the line, not
+    a TypeError (the config fuzz target's find, CI 2026-12-07)."""
+    cfg = _yaml(tmp_path, "generate:\n  hosts: 4\n?  rails: 2\nsolve:\n  short_ms: 50.0\n")
+    with pytest.raises(ConfigError, match="a key must be a plain name, not a mapping or list"):
+        load_settings(ServiceSettings, cfg)
+    cfg = _yaml(tmp_path, "? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError, match="line 1"):
+        load_settings(AgentSettings, cfg)
+
+
 def test_probe_settings_over_the_per_port_bound_are_refused_at_load(tmp_path: Path) -> None:
     cfg = _yaml(tmp_path, "probes: {enabled: true, fan_out: 16, rate_pps: 16}\n")
     with pytest.raises(ConfigError, match=r"256 probes/s per port > 16"):

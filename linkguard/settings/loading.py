@@ -142,6 +142,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen: set[object] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool | type(None)):
+                # a complex key (`? rails: 2`): no setting is named by a mapping or a list
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    "a key must be a plain name, not a mapping or list",
+                    key_node.start_mark,
+                )
             if isinstance(key, str) and key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} given twice", key_node.start_mark

@@ -176,9 +176,15 @@ async def test_fabric_lab_has_a_spine_per_rail_and_cut_uplinks_isolate_a_leaf() 
 async def test_single_link_down_with_linkguard(tmp_path: Path) -> None:
     require_root()
     require_binary("mosquitto")
+    require_binary("lldpd")
     before = set(netns_names())  # other labs may run on this machine meanwhile: judge ours
-    report = await run_lab(golden("single-link-down"), workdir=tmp_path)
+    # on the fabric discovered from lldpd and the agents (issue 22; `sim lab --discover`): the
+    # same scenario, the same checks, and the discovered fabric must be the lab's
+    report = await run_lab(golden("single-link-down"), workdir=tmp_path, discover=True)
     assert report.passed, report.text()
+    assert report.discovered is not None
+    assert (report.discovered["hosts"], report.discovered["leaves"]) == (4, 4)
+    assert report.discovered["unknowns"] == [] and report.discovered["differences"] == []
     assert report.mismatch_count == 0 and report.checks >= 3 and report.probes >= 192
     (fault,) = report.faults
     assert (fault.at_s, fault.kind, fault.what) == (2.0, "link_down", "link_down gpu001 rail 1")
