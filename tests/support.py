@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,12 @@ import pytest
 #: .ci/run sets LINKGUARD_REQUIRE_REAL=1: tests that need root, netns or a binary then fail
 #: instead of skipping, so CI never goes green on skipped real tests.
 REQUIRE_REAL = os.environ.get("LINKGUARD_REQUIRE_REAL", "") not in ("", "0", "false", "no")
+
+
+#: the real H100 capture (../shared/fixtures/real/leptonai-gpud) and its InfiniBand HCAs in
+#: natural name order (its ninth device, mlx5_bond_0, is the RoCE LAG)
+H100 = "leptonai-gpud/tree/sys-class-infiniband-h100.0"
+H100_IB_HCAS = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
 
 
 def missing(reason: str) -> None:
@@ -109,3 +117,18 @@ def topology_serve(
         stderr=subprocess.STDOUT,
         env={**os.environ, "LINKGUARD_STARTUP_SETTLE_S": f"{settle_s:g}", **(env or {})},
     )
+
+
+@contextlib.contextmanager
+def netns_with(prefix: str, commands: list[str]) -> Iterator[str]:
+    """A network namespace ``<prefix>-<random>`` with ``ip -n NS <command>`` run for each of
+    ``commands`` (e.g. ``"link add a type veth peer name b"``); deleted on exit. Needs root."""
+    require_root()
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for cmd in commands:
+            subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +26,9 @@ from linkguard.models import decode
 from linkguard.models.discovery import HostDiscovery
 from linkguard.topology.ibnetdiscover import parse_ibnetdiscover
 from linkguard.topology.serviceio import fabric_from_settings
-from tests.support import require_root, retained
+from tests.support import H100, netns_with, retained
 
 LLDP = Path(__file__).resolve().parent / "fixtures" / "lldp"
-H100 = "leptonai-gpud/tree/sys-class-infiniband-h100.0"
 CA = "003048c707b60000"  # the first CA of X5.topofile
 
 
@@ -40,21 +39,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def host_ns() -> str:
+def host_ns() -> Iterator[str]:
     """A namespace with the host's IPoIB stand-in ``ibp0s0`` (a veth) on 10.100.0.7/24."""
-    require_root()
-    ns = f"lg-disc-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        for cmd in (
-            "link add ibp0s0 type veth peer name leafp1",
-            "addr add 10.100.0.7/24 dev ibp0s0",
-            "link set ibp0s0 up",
-        ):
-            subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
+    cmds = [
+        "link add ibp0s0 type veth peer name leafp1",
+        "addr add 10.100.0.7/24 dev ibp0s0",
+        "link set ibp0s0 up",
+    ]
+    with netns_with("lg-disc", cmds) as ns:
         yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from linkguard.drivers.lldp import LldpError, read_lldp_file, run_lldpctl
 from linkguard.models import HostInventory
 from linkguard.models.discovery import HostDiscovery, LldpNeighbour, NetdevFacts
 
-__all__ = ["collect_discovery", "same_discovery"]
+__all__ = ["collect_discovery"]
 
 log = structlog.get_logger(__name__)
 
@@ -98,9 +98,3 @@ async def collect_discovery(
         problems=problems[:64],
         collected_at=wall,
     )
-
-
-def same_discovery(a: HostDiscovery | None, b: HostDiscovery) -> bool:
-    """Nothing to publish: ``b`` is ``a`` but for what changes without the host's attachment
-    changing (:meth:`HostDiscovery.same_as`)."""
-    return b.same_as(a)

@@ -24,7 +24,7 @@ import time
 import structlog
 
 from linkguard import topics
-from linkguard.agent.discoveryio import collect_discovery, same_discovery
+from linkguard.agent.discoveryio import collect_discovery
 from linkguard.agent.executor import EffectExecutor
 from linkguard.bus import BusMessage
 from linkguard.models import (
@@ -159,7 +159,7 @@ class MessageDispatch(EffectExecutor):
         if not self.settings.discovery.enabled:
             return
         found = await collect_discovery(self.settings, self.inventory, wall=time.time())
-        if same_discovery(self.discovery, found):
+        if found.same_as(self.discovery):  # only what the attachment is, not its carriers
             return
         self.discovery = found
         if found.problems:

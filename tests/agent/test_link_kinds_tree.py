@@ -22,9 +22,7 @@ from linkguard.drivers.netclass import NetdevLinks, net_root, read_netdev_links
 from linkguard.drivers.simulated import MemoryRouteTable
 from linkguard.membus import MemoryBroker
 from linkguard.models import HostInventory, HostStatus, LinkLayer, decode
-from tests.support import until
-
-H100 = "leptonai-gpud/tree/sys-class-infiniband-h100.0"
+from tests.support import H100, H100_IB_HCAS, until
 
 
 @pytest.fixture
@@ -88,16 +86,7 @@ def test_h100_bond_is_no_rail_next_to_infiniband(sys_tree: Path) -> None:
     )
     assert is_bond(b) and lag_problems(found) == []
     inv = make_inventory(settings, found)
-    assert [h.hca for h in inv.hcas] == [
-        "mlx5_0",
-        "mlx5_1",
-        "mlx5_4",
-        "mlx5_5",
-        "mlx5_6",
-        "mlx5_7",
-        "mlx5_8",
-        "mlx5_9",
-    ]
+    assert [h.hca for h in inv.hcas] == H100_IB_HCAS
     assert [h.rail for h in inv.hcas] == list(range(8))
 
 

@@ -7,15 +7,13 @@ import asyncio
 import ipaddress
 import os
 import shutil
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
 from linkguard.drivers.hostfacts import guid_from_text, read_host_facts, read_netlink_netdevs
 from linkguard.drivers.lldp import LldpError, parse_lldpctl_json, read_lldp_file, run_lldpctl
-from tests.support import require_root
+from tests.support import H100, H100_IB_HCAS, netns_with
 
 LLDP = Path(__file__).resolve().parents[1] / "fixtures" / "lldp"
 
@@ -42,20 +40,10 @@ def test_the_real_h100_tree_lists_every_port_with_its_kind(
     """Nine devices, the bond among them (Ethernet); gpud's copy has no node_guid and no gids:
     the GUIDs are unknown, not an error. One written node_guid is read."""
     tree = tmp_path / "infiniband"
-    shutil.copytree(fixtures_real / "leptonai-gpud/tree/sys-class-infiniband-h100.0", tree)
+    shutil.copytree(fixtures_real / H100, tree)
     (tree / "mlx5_4" / "node_guid").write_text("0c42:a103:00b5:1234\n")
     facts = read_host_facts(tree, tmp_path / "net")
-    assert [p.hca for p in facts.ports] == [
-        "mlx5_0",
-        "mlx5_1",
-        "mlx5_4",
-        "mlx5_5",
-        "mlx5_6",
-        "mlx5_7",
-        "mlx5_8",
-        "mlx5_9",
-        "mlx5_bond_0",
-    ]
+    assert [p.hca for p in facts.ports] == [*H100_IB_HCAS, "mlx5_bond_0"]
     bond = facts.ports[-1]
     assert (bond.link_layer, bond.rate_gbps) == ("Ethernet", 200.0)
     assert {p.link_layer for p in facts.ports[:-1]} == {"InfiniBand"}
@@ -94,26 +82,20 @@ def test_bonds_and_ipoib_from_a_class_net_tree(tmp_path: Path) -> None:
 def test_rtnetlink_interfaces_of_a_real_namespace() -> None:
     """Addresses, carrier and the default route's interface, read in a namespace the test
     makes (a veth pair, one end up with an address and the default route)."""
-    require_root()
-    ns = f"lg-facts-{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        for cmd in (
-            "link add ra type veth peer name rb",
-            "addr add 10.77.0.5/24 dev ra",
-            "link set ra up",
-            "link set rb up",
-            "route add default via 10.77.0.1 dev ra",
-        ):
-            subprocess.run(["ip", "-n", ns, *cmd.split()], check=True)
+    cmds = [
+        "link add ra type veth peer name rb",
+        "addr add 10.77.0.5/24 dev ra",
+        "link set ra up",
+        "link set rb up",
+        "route add default via 10.77.0.1 dev ra",
+    ]
+    with netns_with("lg-facts", cmds) as ns:
         got = asyncio.run(read_netlink_netdevs(ns))
-        by = {n.name: n for n in got}
-        assert set(by) == {"ra", "rb"}  # lo left out
-        assert by["ra"].ipv4 == [ipaddress.IPv4Interface("10.77.0.5/24")]
-        assert (by["ra"].default_route, by["rb"].default_route) == (True, False)
-        assert (by["ra"].carrier, by["ra"].kind) == (True, "ether")
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
+    by = {n.name: n for n in got}
+    assert set(by) == {"ra", "rb"}  # lo left out
+    assert by["ra"].ipv4 == [ipaddress.IPv4Interface("10.77.0.5/24")]
+    assert (by["ra"].default_route, by["rb"].default_route) == (True, False)
+    assert (by["ra"].carrier, by["ra"].kind) == (True, "ether")
     with pytest.raises(OSError, match="does not exist"):
         asyncio.run(read_netlink_netdevs(ns))
 

@@ -22,10 +22,9 @@ from linkguard.topology.ibnetdiscover import load_guid_map, parse_ibnetdiscover
 from linkguard.topology.serviceio import fabric_from_settings
 from linkguard.topology.solver import solve
 from linkguard.topology.switchgraph import from_ibnetdiscover, from_lldp
+from tests.support import H100, H100_IB_HCAS
 
 LLDP = Path(__file__).resolve().parents[1] / "fixtures" / "lldp"
-H100 = "leptonai-gpud/tree/sys-class-infiniband-h100.0"
-IB_HCAS = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
 
 
 def _colons(guid: str) -> str:
@@ -38,7 +37,7 @@ def h100(tmp_path: Path, fixtures_real: Path) -> Path:
     real host has under ``device/net`` (gpud's copy has no ``device`` link)."""
     tree = tmp_path / "infiniband"
     shutil.copytree(fixtures_real / H100, tree)
-    for i, hca in enumerate(IB_HCAS):
+    for i, hca in enumerate(H100_IB_HCAS):
         (tree / hca / "device" / "net" / f"ibp{i}s0").mkdir(parents=True)
     return tree
 
@@ -103,7 +102,7 @@ def test_the_h100_tree_joined_with_the_real_x5_dump(
         assert result.guids[link.b] == leaf_of[h.host].guid
         assert link.speed in ("QDR", "DDR") and link.width == "4x"
     rules = Counter((u.rule, u.device) for u in result.unknowns)
-    for hca in IB_HCAS[1:]:
+    for hca in H100_IB_HCAS[1:]:
         assert rules[("not_in_switch_graph", f"{hca}/1")] == 86
     assert rules[("not_compute", "mlx5_bond_0/1")] == 86
     assert len(result.unknowns) == 86 * 8
@@ -158,7 +157,7 @@ def test_the_h100_tree_joined_with_ibsim_nets(
     for host, n_ports in hosts.items():
         tree = tmp_path / host / "infiniband"
         shutil.copytree(h100, tree)
-        for hca in IB_HCAS[n_ports:]:  # the net gives the host this many cabled ports
+        for hca in H100_IB_HCAS[n_ports:]:  # the net gives the host this many cabled ports
             shutil.rmtree(tree / hca)
         reports.append(_report(host, tree))
     result = discover_fabric(
