@@ -24,7 +24,6 @@ from linkguard.config import AgentSettings, BusSettings, PortConfig, ServiceSett
 from linkguard.drivers.simulated import MemoryRouteTable, SimulatedPortSource, active_port
 from linkguard.models import decode
 from linkguard.models.discovery import HostDiscovery
-from linkguard.topology.ibnetdiscover import parse_ibnetdiscover
 from linkguard.topology.serviceio import fabric_from_settings
 from tests.support import H100, netns_with, retained
 
@@ -125,9 +124,7 @@ async def test_an_agent_publishes_what_discover_reads_from_the_bus(
     doc = decode(HostDiscovery, payload)
     assert len(doc.ports) == 9 and doc.ports[0].node_guid == CA
     assert doc.ports[0].port_guid == "003048c707b60001" and doc.ports[0].netdev == "ibp0s0"
-    assert [n.name for n in doc.netdevs] == ["leafp1", "ibp0s0"] or {
-        n.name for n in doc.netdevs
-    } == {"leafp1", "ibp0s0"}
+    assert sorted(n.name for n in doc.netdevs) == ["ibp0s0", "leafp1"]  # lo left out
     assert [str(a) for n in doc.netdevs if n.name == "ibp0s0" for a in n.ipv4] == ["10.100.0.7/24"]
     assert [(n.netdev, n.system) for n in doc.lldp] == [("vB", "su0-leaf0")]
     assert doc.inventory is not None and doc.inventory.hcas[0].hca == "mlx5_0"
@@ -185,9 +182,6 @@ def test_facts_files_make_the_same_fabric(
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["name"] == "discovered"
     _check_fabric(out, unknowns)
-    # a port on a leaf nobody else is on still needs the dump to know the CA
-    topo = parse_ibnetdiscover(Path(dump).read_text(), source="X5")
-    assert any(n.guid == CA for n in topo.nodes)
 
 
 @pytest.mark.parametrize(
