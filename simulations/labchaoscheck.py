@@ -154,6 +154,12 @@ def down_episodes(events: Iterable[Mapping[str, Any]]) -> list[Episode]:
     return sorted(out, key=lambda ep: ep.down_at)
 
 
+def _open_at(taken: list[Episode], at: float) -> bool:
+    """An outage whose episodes so far are ``taken`` is still open at ``at`` (s): none was
+    taken yet, or one of them is still down then."""
+    return not taken or any(ep.up_at is None or ep.up_at > at for ep in taken)
+
+
 def outage_problems(
     episodes: list[Episode],
     outages: list[Mapping[str, Any]],
@@ -161,26 +167,32 @@ def outage_problems(
 ) -> list[str]:
     """``linkguard report``'s ``outages`` (id, at, down_s, open) against the agents' down
     episodes, with the ledger's ``outage_ports`` (outage id, host, hca, port): each episode is
-    in exactly one outage (the one of its port that started last at or before it), each
-    outage holds at least one episode (none is invented or reported twice), starts at its
-    first episode's down (the agent's time) and lasts its longest episode."""
+    in exactly one outage (of those holding its port and started at or before it, the last
+    one still open when it went down, i.e. one of its episodes taken so far, in time order,
+    ends after it or none was taken yet; else the last one started: the ledger joins a port
+    to the open outage whose first down was at most ``incident_window_s`` earlier, which
+    need not be the latest one holding the port), each outage holds at least one episode
+    (none is invented or reported twice), starts at its first episode's down (the agent's
+    time) and lasts its longest episode."""
     ports: dict[int, set[tuple[str, str, int]]] = {}
     for oid, host, hca, port in outage_ports:
         ports.setdefault(int(oid), set()).add((host, hca, int(port)))
     by_id = {int(o["id"]): o for o in outages}
     mine: dict[int, list[Episode]] = {}
     out = []
-    for ep in episodes:
+    for ep in sorted(episodes, key=lambda e: e.down_at):
         key = (ep.host, ep.hca, ep.port)
         have = [o for oid, o in by_id.items() if key in ports.get(oid, ())]
         before = [o for o in have if o["at"] <= ep.down_at + TIME_TOLERANCE_S]
         if not have:
             out.append(f"{ep.host} {ep.hca}/{ep.port} down at {ep.down_at:.3f}: in no outage")
             continue
-        # the outage of its port that started last at or before it; else (started late) the
-        # nearest one, whose start the check below then names
+        # of the outages of its port that started at or before it, the last one still open
+        # then (else the last one); else (started late) the nearest one, whose start the
+        # check below then names
+        still_open = [o for o in before if _open_at(mine.get(int(o["id"]), []), ep.down_at)]
         pick = (
-            max(before, key=lambda o: o["at"])
+            max(still_open or before, key=lambda o: o["at"])
             if before
             else min(have, key=lambda o: abs(o["at"] - ep.down_at))
         )

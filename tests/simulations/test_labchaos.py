@@ -174,3 +174,29 @@ def test_sim_run_sends_a_chaos_scenario_to_the_lab(capsys) -> None:
     assert "runs on the namespace lab (`linkguard sim lab" in capsys.readouterr().err
     assert main(["sim", "lab", "--no-linkguard", path]) == 2
     assert "a chaos: scenario checks linkguard itself" in capsys.readouterr().err
+
+
+def test_a_port_down_again_joins_the_open_outage_not_its_own_closed_one() -> None:
+    # the shape of a sim chaos ledger (CI, stop 30): gpu000's mlx5_1 went down at 3.750 for
+    # 0.102 s (outage 5, its own), then again at 4.057 for 0.385 s while outage 6 (other
+    # ports, first down at 3.667, replayed late so numbered after 5) was still open: the
+    # ledger joined it to outage 6, which the check must accept
+    events = [
+        _event("gpu000", 9, 3.7496, "up", "down", "mlx5_1"),
+        _event("gpu000", 11, 3.8516, "down", "held_down", "mlx5_1"),
+        _event("gpu000", 12, 4.0566, "held_down", "down", "mlx5_1"),
+        _event("gpu000", 14, 4.4419, "down", "held_down", "mlx5_1"),
+        _event("gpu003", 7, 3.6668, "up", "down", "mlx5_0"),
+        _event("gpu003", 8, 4.4586, "down", "held_down", "mlx5_0"),
+    ]
+    eps = down_episodes(events)
+    outages = [
+        {"id": 5, "at": 3.7496, "down_s": 0.102, "open": False},
+        {"id": 6, "at": 3.6668, "down_s": 0.7918, "open": False},
+    ]
+    ports = [(5, "gpu000", "mlx5_1", 1), (6, "gpu000", "mlx5_1", 1), (6, "gpu003", "mlx5_0", 1)]
+    assert outage_problems(eps, outages, ports) == []
+    # had the ledger left the second down out of outage 6, it is outage 5's, too long for it
+    assert outage_problems(eps, outages, [p for p in ports if p != ports[1]]) == [
+        "outage 5: down_s 0.102 (open False), its longest port episode lasted 0.385 s"
+    ]
