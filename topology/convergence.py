@@ -188,7 +188,8 @@ class Convergence:
 
     def _resend(self, hosts: list[str], why: str) -> list[Effect]:
         """The plans of ``hosts`` and, for a compact plan, the peer routes newer than the
-        host's last ack (every one of them, when it never acked)."""
+        host's last ack (every one of them, when it never acked) or than the ack names them
+        (:func:`~linkguard.models.ack_covers`)."""
         state = self.state
         messages: list[tuple[str, Plan | PeerRoutes]] = []
         peers: dict[str, PeerRoutes] = {}
@@ -205,7 +206,8 @@ class Convergence:
                 peers.update(
                     (p.host, p)
                     for p in state.peers.values()
-                    if p.epoch > floor or (p.classes and held.get(p.host, 0) < p.epoch)
+                    if p.epoch > floor
+                    or ((p.classes or p.host in held) and held.get(p.host, 0) < p.epoch)
                 )
         # the peer routes first, as a solve publishes them before the compact plans
         messages = [(topics.peer_routes(h), p) for h, p in sorted(peers.items())] + messages

@@ -149,13 +149,14 @@ def peer_routes_model(
     *,
     position: int,
     modulus: int,
+    degraded: list[int],
     epoch: int,
     now: float,
 ) -> PeerRoutes:
     """The :class:`~linkguard.models.PeerRoutes` of impaired host ``ph``: one
     :class:`~linkguard.models.PeerClass` per residue class, from that class's ``(plan,
-    backups)`` rail choices (a route's rail -1 = unreachable); ``epoch`` and ``now``
-    (wall-clock s) copied in."""
+    backups)`` rail choices (a route's rail -1 = unreachable); ``degraded`` (the fabric's
+    degraded rails, sorted), ``epoch`` and ``now`` (wall-clock s) copied in."""
     return PeerRoutes.model_construct(
         host=ph.inv.host,
         epoch=epoch,
@@ -174,4 +175,5 @@ def peer_routes_model(
             )
             for plan_t, backups_t in classes
         ],
+        degraded=degraded,
     )

@@ -22,7 +22,12 @@ Two plan forms:
   and its backups a few, instead of one per host and backup. Only *impaired* peers (hosts that
   cannot use every rail of the fabric) can need exceptions, so a plan's size grows with the
   failures, not with the fleet, and an event on host P touches one small, shared computation
-  per class of host instead of every (host, peer) pair.
+  per class of host instead of every (host, peer) pair. In shared mode a whole host's compact
+  plan does not depend on the degraded rails (its backups' multipaths list every other
+  rail); the peer routes carry the degraded set (:class:`~linkguard.models.PeerRoutes`
+  ``degraded``) and :func:`~linkguard.models.expand_plan` leaves those rails out, so a leaf
+  failure publishes the plans of the hosts that lost a rail and their peer routes, not every
+  host's plan.
 - **Explicit form** (no ``endpoint_subnets``: imported or hand-written fabrics): every peer
   endpoint gets a /32 route, as if every endpoint were its own prefix that is never covered.
 
@@ -223,8 +228,9 @@ class Solver:
         if degraded != self.degraded:  # every multipath may change: rebuild all, compare
             self.degraded = degraded
             if self.shared_mode:
+                # the peer routes carry the degraded rails (and their routes depend on them);
+                # a whole host's compact plan does not (see compact_plan)
                 self._peers_changed.update(self._impaired)
-            self._compact_changed.update(range(self.n))
             return self._rebuild()
         # the changed hosts themselves: everything is recomputed
         for p in changed_pos:
@@ -339,8 +345,9 @@ class Solver:
         host with the same rails and netdevs, this one of the most common hardware signature
         and able to use all its rails) the plan without routes to impaired peers, with
         ``shared`` set; they come from those peers' :meth:`peer_routes`, and
-        :func:`~linkguard.models.expand_plan` of the two is exactly :meth:`plan`. Any other
-        host: :meth:`plan`. KeyError if unknown."""
+        :func:`~linkguard.models.expand_plan` of the two is exactly :meth:`plan` (its backups'
+        multipaths list every other rail; the expansion leaves out the degraded rails the
+        peer routes carry). Any other host: :meth:`plan`. KeyError if unknown."""
         pos = self._index_of(name)
         if not self._is_shared(pos):
             return self.plan(name, epoch=epoch, now=now)
@@ -351,13 +358,17 @@ class Solver:
             assert netdev is not None  # shared mode: every HCA of the fabric has a netdev
             netdevs[r] = netdev
         shared = SharedRoutes.model_construct(position=pos, hosts=self.n, netdevs=netdevs)
-        return self._plan(h, {}, epoch=epoch, now=now, shared=shared)
+        # independent of the degraded rails (expand_plan leaves them out of the multipaths,
+        # from the peer routes): a leaf failure re-plans only the hosts that lost a rail
+        base = self._bases.base(h, self._usable[pos], frozenset())
+        return self._models.plan(h, base, {}, self._hosts, epoch=epoch, now=now, shared=shared)
 
     def peer_routes(self, name: str, *, epoch: int, now: float) -> PeerRoutes:
         """The :class:`~linkguard.models.PeerRoutes` of ``name``: for every residue class of
         the whole hosts of the shared signature, the rail choices of :meth:`_template` (the
-        same ones their full plans hold); no classes when ``name`` is not impaired or the
-        solver is not in shared mode. KeyError if unknown."""
+        same ones their full plans hold) and the degraded rails; no classes (and no degraded
+        rails) when ``name`` is not impaired or the solver is not in shared mode. KeyError if
+        unknown."""
         pos = self._index_of(name)
         ph = self._hosts[pos]
         classes: list[Contrib] = []
@@ -368,12 +379,16 @@ class Solver:
             a = len(uh & self._usable[pos])
             modulus = math.lcm(a, a - 1) if a > 1 else 1
             classes = [self._template(rep, ph, uh=uh, offset=c) for c in range(modulus)]
-        return peer_routes_model(ph, classes, position=pos, modulus=modulus, epoch=epoch, now=now)
+        degraded = sorted(self.degraded) if classes else []
+        return peer_routes_model(
+            ph, classes, position=pos, modulus=modulus, degraded=degraded, epoch=epoch, now=now
+        )
 
     def take_changed_compact(self) -> set[str]:
         """Hosts in shared mode whose :meth:`compact_plan` may have changed since the last
-        call (their own usable rails, or the degraded rails, changed; at first: all); clears
-        the set. The compact plan of any other host in shared mode is as it was."""
+        call (their own usable rails changed; at first: all; a change of the degraded rails
+        changes none: they travel in the peer routes); clears the set. The compact plan of
+        any other host in shared mode is as it was."""
         out, self._compact_changed = self._compact_changed, set()
         return {self._hosts[p].inv.host for p in out}
 

@@ -364,6 +364,12 @@ class AgentCore:
                 effects.append(ResendAck(plan.epoch))  # in place already: the ack again
             return effects
         self.plan_received = plan
+        if got is not None and got.shared is not None:
+            # in place: an expansion of an older compact plan, whose epoch is its newest peer
+            # routes' (expand_plan) and may be above this plan's (the solve that made this
+            # host's plan full was missed, later peer routes were not): this plan replaces it
+            self._apply(plan, applied, now, effects, raw=raw, floor=got)
+            return effects
         if applied is not None and (plan.term, plan.epoch) == (applied.term, applied.epoch):
             if plan.same_assignments(applied):
                 log.debug("plan_already_applied", epoch=plan.epoch)
@@ -507,14 +513,17 @@ class AgentCore:
         same_epoch: bool = False,
         persist: bool = True,
         raw: bytes | None = None,
+        floor: Plan | None = None,
     ) -> bool:
         """:class:`ApplyPlan` into ``effects`` when ``plan`` passes
         :func:`~linkguard.agent.plans.check_plan` against ``applied`` (``same_epoch``: the
         applied epoch itself is not stale); False when refused. ``raw``: the payload
         ``plan`` came in, persisted as received (instead of the plan's own JSON, which could
         not carry the signature); ``persist`` False: neither (the caller keeps a compact plan
-        and its peer routes)."""
-        epoch = applied.epoch if applied is not None else None
+        and its peer routes). ``floor``: stale means not above this plan's (term, epoch)
+        instead of the applied one's."""
+        newest = floor if floor is not None else applied
+        epoch = newest.epoch if newest is not None else None
         try:
             check_plan(
                 plan,
@@ -523,7 +532,7 @@ class AgentCore:
                 netdevs=self.netdevs,
                 prefixes=self.prefixes,
                 checked=applied,
-                applied_term=applied.term if applied is not None else 0,
+                applied_term=newest.term if newest is not None else 0,
             )
         except PlanRefused as exc:
             self._refuse(plan, exc, now, effects)

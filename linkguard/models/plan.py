@@ -154,7 +154,19 @@ class PeerRoutes(_Model):
     routes one failed rail displaces round-robin over the survivors by that circular offset
     (:mod:`linkguard.topology.solver`), so viewers of one residue class need the same routes.
     ``classes`` empty: the peer is whole again (nothing to add). ``endpoints``/``home_rails``:
-    per peer GPU; ``addresses``: the peer's address per rail (the /32s' gateways)."""
+    per peer GPU; ``addresses``: the peer's address per rail (the /32s' gateways).
+
+    ``degraded``: the fabric-wide change every whole host shares (issue 23). A rail at least
+    ``degraded_after`` hosts cannot use (a leaf down or cut off: one rail of an SU) is left
+    out of every multipath prefix route, and a whole host's only multipaths are its backups'
+    (local rail r down: the prefix of home rail r spreads over the other rails). A compact
+    plan lists them over every other rail whatever is degraded, and :func:`expand_plan`
+    leaves out the degraded rails, so a leaf failure re-plans only the hosts that lost a
+    rail. The set rides on the peer routes, not on a message of its own: a rail is degraded
+    only while impaired hosts cause it, every change of the set re-publishes every impaired
+    host's peer routes (their routes depend on it), so the newest peer routes *with classes*
+    an agent holds carry the current set, and none at all means none is degraded. An agent
+    that missed that message acks a lower epoch than it owes, as for any lost peer routes."""
 
     host: HostName
     epoch: Epoch
@@ -170,6 +182,13 @@ class PeerRoutes(_Model):
     home_rails: list[RailIndex] = Field(max_length=64)
     addresses: dict[RailIndex, IPv4Text] = Field(max_length=64)
     classes: list[PeerClass] = Field(default_factory=list, max_length=4096)
+    degraded: list[RailIndex] = Field(
+        default_factory=list,
+        max_length=64,
+        description="the fabric's degraded rails when this was issued (rails at least the "
+        "solver's degraded_after hosts cannot use, e.g. a leaf's worth): a compact plan's "
+        "multipath prefix routes leave them out (expand_plan)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> PeerRoutes:
@@ -244,14 +263,18 @@ def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
     """The full plan a compact ``plan`` stands for, given the :class:`PeerRoutes` retained for
     impaired peers (by host; the host's own and whole peers' add nothing): their /32 routes,
     ``unreachable`` endpoints and backup changes, in peer position order, exactly as the
-    solver writes them into a full plan. ``(term, epoch)`` is the highest of the plan's and all
-    the peers' (the epoch is what the host acks; epochs are compared within a term only). A
-    plan without ``shared`` is returned as it is. Raises ValueError when a peer message names
-    a rail the plan has no netdev or backup for."""
+    solver writes them into a full plan. Multipath prefix routes (the plan's and its backups')
+    leave out the degraded rails of the newest peer routes with classes (:class:`PeerRoutes`
+    ``degraded``; none held: nothing is degraded) unless that leaves no rail, as the solver
+    does. ``(term, epoch)`` is the highest of the plan's and all the peers' (the epoch is what
+    the host acks; epochs are compared within a term only). A plan without ``shared`` is
+    returned as it is. Raises ValueError when a peer message names a rail the plan has no
+    netdev or backup for."""
     sv = plan.shared
     if sv is None:
         return plan
     version = (plan.term, plan.epoch)
+    degraded = _degraded_rails(peers)
     routes: list[RouteAssignment] = list(plan.routes)
     unreachable: list[ipaddress.IPv4Address] = list(plan.unreachable)
     extra: dict[int, tuple[list[RouteAssignment], list[ipaddress.IPv4Address]]] = {
@@ -305,9 +328,11 @@ def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
     backups = [
         b
         if not (extra[b.rail][0] or extra[b.rail][1])
+        and not _multipaths_touch(b.prefix_routes, degraded)
         else Backup.model_construct(  # model_copy costs 4x as much, and all is valid
             **{
                 **b.__dict__,
+                "prefix_routes": _leave_out(b.prefix_routes, degraded),
                 "routes": b.routes + extra[b.rail][0],
                 "withdraw": b.withdraw + extra[b.rail][1],
             }
@@ -322,12 +347,53 @@ def expand_plan(plan: Plan, peers: Mapping[str, PeerRoutes]) -> Plan:
             **plan.__dict__,
             "term": version[0],
             "epoch": version[1],
+            "prefix_routes": _leave_out(plan.prefix_routes, degraded),
             "routes": routes,
             "unreachable": unreachable,
             "backups": backups,
             "shared": None,
         }
     )
+
+
+def _degraded_rails(peers: Mapping[str, PeerRoutes]) -> frozenset[int]:
+    """The degraded rails of the newest (term, epoch) peer routes with classes (empty: none
+    held); see :class:`PeerRoutes`."""
+    newest: PeerRoutes | None = None
+    for pr in peers.values():
+        if pr.classes and (newest is None or (pr.term, pr.epoch) > (newest.term, newest.epoch)):
+            newest = pr
+    return frozenset(newest.degraded) if newest is not None else frozenset()
+
+
+def _multipaths_touch(routes: list[PrefixRoute], degraded: frozenset[int]) -> bool:
+    """Does a multipath route (its home rail not among its rails) of ``routes`` use a rail of
+    ``degraded``?"""
+    return bool(degraded) and any(
+        pr.home_rail not in pr.rails and not degraded.isdisjoint(pr.rails) for pr in routes
+    )
+
+
+def _leave_out(routes: list[PrefixRoute], degraded: frozenset[int]) -> list[PrefixRoute]:
+    """``routes`` with the ``degraded`` rails left out of every multipath route, unless that
+    leaves none (the solver's rule, :func:`~linkguard.topology.hostbase.multipath_rails`)."""
+    if not _multipaths_touch(routes, degraded):
+        return routes
+    out = []
+    for pr in routes:
+        keep = [i for i, x in enumerate(pr.rails) if x not in degraded]
+        if pr.home_rail in pr.rails or not keep or len(keep) == len(pr.rails):
+            out.append(pr)
+            continue
+        out.append(
+            PrefixRoute.model_construct(
+                prefix=pr.prefix,
+                home_rail=pr.home_rail,
+                rails=[pr.rails[i] for i in keep],
+                netdevs=[pr.netdevs[i] for i in keep],
+            )
+        )
+    return out
 
 
 class AckResult(StrEnum):
@@ -375,13 +441,23 @@ def ack_covers(ack: Ack, owed: int, plan: Plan, peers: Mapping[str, PeerRoutes])
     or newer. A solve publishes a compact plan and its peer routes with one epoch, so an
     agent that lost one peer routes message of that solve still acks that epoch: only the
     names tell that it routes without them (the lab chaos run found hosts acked and
-    converged with a lost peer's ``unreachable`` routes missing). An ack without names (a
-    full plan, an older agent) is judged on its epoch alone."""
+    converged with a lost peer's ``unreachable`` routes missing). Likewise every peer the
+    ack names (the agent holds routes for it) must be held at the epoch on the bus or newer:
+    an agent that lost the emptied message of a peer that is whole again still routes to it
+    with that peer's old classes and old degraded rails (issue 23's property test found one
+    acked and converged so). An ack with names never covers a full ``plan``: it was made
+    from a compact plan, whose expansion carries its newest peer routes' epoch, which may
+    be above the full plan's that the agent missed (the same test found it). An ack without
+    names (a full plan, an older agent) is judged on its epoch alone."""
     if ack.epoch < owed:
         return False
     held = ack.peers
-    if plan.shared is None or held is None:
+    if plan.shared is None:
+        return held is None
+    if held is None:
         return True
     return all(
-        held.get(h, 0) >= pr.epoch for h, pr in peers.items() if pr.classes and h != plan.host
+        held.get(h, 0) >= pr.epoch
+        for h, pr in peers.items()
+        if (pr.classes or h in held) and h != plan.host
     )
