@@ -40,6 +40,10 @@ class PlanModels:
     def __init__(self) -> None:
         self._route_cache: dict[tuple[int, int, int, str | None], RouteAssignment] = {}
         self._ra_cache: dict[tuple[int, int, int], RailAssignment] = {}
+        #: one frozen :class:`~linkguard.models.PeerClass` per rail-choice tuple: the hosts
+        #: of one leaf share their classes (a leaf failure: 32 peers x up to 56 classes,
+        #: built once instead of 32 times)
+        self.peer_classes: dict[Contrib, PeerClass] = {}
 
     def plan(
         self,
@@ -152,11 +156,28 @@ def peer_routes_model(
     degraded: list[int],
     epoch: int,
     now: float,
+    cache: dict[Contrib, PeerClass] | None = None,
 ) -> PeerRoutes:
     """The :class:`~linkguard.models.PeerRoutes` of impaired host ``ph``: one
     :class:`~linkguard.models.PeerClass` per residue class, from that class's ``(plan,
     backups)`` rail choices (a route's rail -1 = unreachable); ``degraded`` (the fabric's
-    degraded rails, sorted), ``epoch`` and ``now`` (wall-clock s) copied in."""
+    degraded rails, sorted), ``epoch`` and ``now`` (wall-clock s) copied in. ``cache``:
+    classes built before, by rail choices (frozen models, shared; cleared past 100,000)."""
+    cache = {} if cache is None else cache
+    if len(cache) > 100_000:  # bound memory over long runs of odd failures
+        cache.clear()
+    out = []
+    for t in classes:
+        pc = cache.get(t)
+        if pc is None:
+            plan_t, backups_t = t
+            pc = cache[t] = PeerClass.model_construct(
+                routes=[v for g, x in plan_t for v in (g, -1 if x is None else x)],
+                backups=[
+                    v for r, es in backups_t for g, x in es for v in (r, g, -1 if x is None else x)
+                ],
+            )
+        out.append(pc)
     return PeerRoutes.model_construct(
         host=ph.inv.host,
         epoch=epoch,
@@ -166,14 +187,6 @@ def peer_routes_model(
         endpoints=[str(e) for e in ph.inv.endpoints],
         home_rails=list(ph.home),
         addresses={r: str(ph.by_rail[r].address) for r in ph.rails},
-        classes=[
-            PeerClass.model_construct(
-                routes=[v for g, x in plan_t for v in (g, -1 if x is None else x)],
-                backups=[
-                    v for r, es in backups_t for g, x in es for v in (r, g, -1 if x is None else x)
-                ],
-            )
-            for plan_t, backups_t in classes
-        ],
+        classes=out,
         degraded=degraded,
     )

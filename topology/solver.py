@@ -22,12 +22,9 @@ Two plan forms:
   and its backups a few, instead of one per host and backup. Only *impaired* peers (hosts that
   cannot use every rail of the fabric) can need exceptions, so a plan's size grows with the
   failures, not with the fleet, and an event on host P touches one small, shared computation
-  per class of host instead of every (host, peer) pair. In shared mode a whole host's compact
-  plan does not depend on the degraded rails (its backups' multipaths list every other
-  rail); the peer routes carry the degraded set (:class:`~linkguard.models.PeerRoutes`
-  ``degraded``) and :func:`~linkguard.models.expand_plan` leaves those rails out, so a leaf
-  failure publishes the plans of the hosts that lost a rail and their peer routes, not every
-  host's plan.
+  per class of host instead of every (host, peer) pair. A whole host's compact plan ignores
+  the degraded rails: the peer routes carry them (``PeerRoutes.degraded``), the expansion
+  leaves them out, so a leaf failure re-plans only the hosts that lost a rail.
 - **Explicit form** (no ``endpoint_subnets``: imported or hand-written fabrics): every peer
   endpoint gets a /32 route, as if every endpoint were its own prefix that is never covered.
 
@@ -228,8 +225,7 @@ class Solver:
         if degraded != self.degraded:  # every multipath may change: rebuild all, compare
             self.degraded = degraded
             if self.shared_mode:
-                # the peer routes carry the degraded rails (and their routes depend on them);
-                # a whole host's compact plan does not (see compact_plan)
+                # they carry the degraded rails (compact plans ignore them: compact_plan)
                 self._peers_changed.update(self._impaired)
             return self._rebuild()
         # the changed hosts themselves: everything is recomputed
@@ -358,8 +354,7 @@ class Solver:
             assert netdev is not None  # shared mode: every HCA of the fabric has a netdev
             netdevs[r] = netdev
         shared = SharedRoutes.model_construct(position=pos, hosts=self.n, netdevs=netdevs)
-        # independent of the degraded rails (expand_plan leaves them out of the multipaths,
-        # from the peer routes): a leaf failure re-plans only the hosts that lost a rail
+        # the degraded rails ignored: expand_plan leaves them out (see the module docstring)
         base = self._bases.base(h, self._usable[pos], frozenset())
         return self._models.plan(h, base, {}, self._hosts, epoch=epoch, now=now, shared=shared)
 
@@ -381,7 +376,14 @@ class Solver:
             classes = [self._template(rep, ph, uh=uh, offset=c) for c in range(modulus)]
         degraded = sorted(self.degraded) if classes else []
         return peer_routes_model(
-            ph, classes, position=pos, modulus=modulus, degraded=degraded, epoch=epoch, now=now
+            ph,
+            classes,
+            position=pos,
+            modulus=modulus,
+            degraded=degraded,
+            epoch=epoch,
+            now=now,
+            cache=self._models.peer_classes,
         )
 
     def take_changed_compact(self) -> set[str]:
