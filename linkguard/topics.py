@@ -39,7 +39,10 @@ refused, ``faults``: the refused payload as JSON, or as text when it is not JSON
 hosts with a compact plan (``Plan.shared``) subscribe to ``peers/+`` and add what each says
 (:func:`linkguard.models.expand_plan`), so a host link event changes one retained message that
 the broker fans out, not every host's plan. A peer that is whole again keeps a message with no
-``classes``. The service deletes the ones of hosts its fabric does not list.
+``classes``. The service deletes the ones of hosts its fabric does not list. Each carries the
+fabric's degraded rails (``PeerRoutes.degraded``): a whole host's compact plan does not depend
+on them, so a leaf failure re-publishes only the plans of the hosts that lost a rail, and the
+agent leaves the degraded rails of its newest peer routes with classes out of its multipaths.
 
 ``confirmed/<host>`` is published by the topology service each time it takes (or is sent
 again) a port event that carries a journal number (``PortEvent.seq``): ``upto`` is the highest

@@ -68,7 +68,6 @@ from linkguard import topics
 from linkguard.agent.monitor import DampingPolicy
 from linkguard.broker import MosquittoProcess
 from linkguard.bus import Bus
-from linkguard.models import AckResult, ack_covers
 from linkguard.simulations.chaosproxy import ChaosProxy, Packet, publish_payload
 from linkguard.simulations.chaosspec import ChaosSpec
 from linkguard.simulations.chaosstorm import (
@@ -99,6 +98,7 @@ from linkguard.simulations.labprocs import (
     until,
     write_configs,
 )
+from linkguard.simulations.labsettle import acked_as_service
 from linkguard.simulations.scenario import LoadedScenario
 
 __all__ = ["LabChaosReport", "run_lab_chaos"]
@@ -193,27 +193,6 @@ class LabChaosReport(BaseModel):
 
     def to_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json")
-
-
-def _owed(obs: Observer, host: str) -> int | None:
-    """The epoch the service owes ``host`` (topology.state's ``acked_epoch``, from the bus)."""
-    plan = obs.received.get(host)
-    if plan is None:
-        return None
-    peers = max((p.epoch for p in obs.peers.values()), default=0)
-    return plan.epoch if plan.shared is None else max(plan.epoch, peers)
-
-
-def _acked(obs: Observer, host: str) -> bool:
-    owed, acks = _owed(obs, host), obs.acks.get(host)
-    if owed is None or not acks:
-        return False
-    ack = acks[-1][1]
-    # as the service counts it (topology.state.pending_acks): a fast-path ack of the epoch
-    # owed is an ack of it (the overlay comes off when the port is back: no new ack), and
-    # an ack naming the peer routes it holds must hold every one on the bus (ack_covers)
-    plan = obs.received[host]
-    return ack.result == AckResult.APPLIED and ack_covers(ack, owed, plan, obs.peers)
 
 
 class _Run:
@@ -329,7 +308,7 @@ class _Run:
         while True:
             now = time.monotonic()
             for h in self.names:
-                if not _acked(self.obs, h):
+                if not acked_as_service(self.obs, h):
                     since[h] = None
                 elif since[h] is None:
                     since[h] = round(max(0.0, now - end), 3)
@@ -416,7 +395,7 @@ class _Run:
 
         def quiet() -> bool:
             return time.monotonic() - self.obs.last_plan_at >= QUIET_S and all(
-                _acked(self.obs, h) for h in self.names
+                acked_as_service(self.obs, h) for h in self.names
             )
 
         with contextlib.suppress(LabProcessError):

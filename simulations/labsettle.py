@@ -15,19 +15,42 @@ import asyncio
 import time
 
 from linkguard.config import ServiceSettings
-from linkguard.models import PortStateName, PortStatus
+from linkguard.models import AckResult, PortStateName, PortStatus, ack_covers
 from linkguard.simulations.labinject import FaultInjector
 from linkguard.simulations.labprocs import Observer, Procs
 from linkguard.simulations.labsteps import Step
 from linkguard.simulations.oracle import Mismatch, check, pairs_to_check
 from linkguard.topology.fabric import Fabric
 
-__all__ = ["QUIET_S", "SETTLE_TIMEOUT_S", "Settler"]
+__all__ = ["QUIET_S", "SETTLE_TIMEOUT_S", "Settler", "acked_as_service"]
 
 #: A step has settled when no plan arrived for this long (and at least this long after it).
 QUIET_S = 0.4
 #: Give up waiting for a settle after this long (s).
 SETTLE_TIMEOUT_S = 10.0
+
+
+def _owed(obs: Observer, host: str) -> int | None:
+    """The epoch the service owes ``host`` (topology.state's ``acked_epoch``, from the bus)."""
+    plan = obs.received.get(host)
+    if plan is None:
+        return None
+    peers = max((p.epoch for p in obs.peers.values()), default=0)
+    return plan.epoch if plan.shared is None else max(plan.epoch, peers)
+
+
+def acked_as_service(obs: Observer, host: str) -> bool:
+    """Has ``host``'s last ack answered what it owes, as the service counts it
+    (topology.state.pending_acks)? A fast-path ack of the epoch owed is an ack of it (the
+    overlay comes off when the port is back: no new ack), and an ack naming the peer routes
+    it holds must hold every one on the bus (:func:`~linkguard.models.ack_covers`): after a
+    leaf failure a whole host acks the peer routes' epoch from the first of them it applies."""
+    owed, acks = _owed(obs, host), obs.acks.get(host)
+    if owed is None or not acks:
+        return False
+    ack = acks[-1][1]
+    plan = obs.received[host]
+    return ack.result == AckResult.APPLIED and ack_covers(ack, owed, plan, obs.peers)
 
 
 class Settler:
@@ -94,6 +117,8 @@ class Settler:
         for h in self.names:
             plan = self.obs.latest_plan(h)
             if plan is None or self.obs.acked(h, plan.epoch) is None:
+                return False
+            if not acked_as_service(self.obs, h):
                 return False
         return True
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from linkguard.cli import main
-from linkguard.simulations.engine import run
+from linkguard.simulations.engine import replay, run
 from linkguard.simulations.runreport import ExpectResult
 from linkguard.simulations.scenario import (
     SCENARIOS_DIR,
@@ -74,6 +74,27 @@ def test_leaf_reboot_is_one_plan_per_host_per_event() -> None:
     assert r.readmissions == [{"host": f"gpu00{i}", "rail": 2, "at_s": 8.0} for i in range(4)]
     assert r.expectations[-1].name == "max_plans_per_host_per_event"
     assert (r.expectations[-1].limit, r.expectations[-1].held) == (2, True)
+
+
+def test_leaf_reboot_of_a_degraded_rail_re_plans_only_its_su() -> None:
+    """large-leaf-reboot: 8 hosts lose rail 2, which makes it degraded (issue 23). Every host's
+    full plan changes (the others' backups avoid rail 2, and they gain /32s), but only the
+    SU's hosts get a plan message; the other 8 keep their first (compact) plan and take the
+    change from the SU's peer routes, which carry the degraded rail while it lasts."""
+    r, hosts = replay(golden("large-leaf-reboot"), keep_plans=True)
+    assert r.passed
+    assert (r.events, r.solves, r.reroutes) == (18, 3, 2)
+    assert r.plans_per_host == {f"gpu{i:03d}": 2 for i in range(16)}
+    assert r.max_plans_per_host_per_event == 1
+    log = hosts["gpu000"].log
+    plans = {h: len(log.topics[(True, h)]) for h in hosts}
+    assert plans == {f"gpu{i:03d}": 3 if i < 8 else 1 for i in range(16)}
+    peers = {h: [m for _, _, m in ms] for (plan, h), ms in log.topics.items() if not plan}
+    assert sorted(peers) == [f"gpu{i:03d}" for i in range(8)]
+    for ms in peers.values():  # down (rail 2 degraded), back (whole: nothing degraded)
+        assert [(m.degraded, bool(m.classes)) for m in ms] == [([2], True), ([], False)]
+    for i in range(8, 16):  # whole: the full plan in place, from the first compact plan
+        assert log.topics[(True, f"gpu{i:03d}")][0][2].shared is not None
 
 
 def test_uplink_loss_moves_traffic_only_when_the_leaf_is_cut_off() -> None:

@@ -36,6 +36,12 @@ GOLDEN = {
     "flapping-link": (4, 4, 1, {"port_down": 5, "port_up": 5}),
     "port-cycle": (4, 4, 2, {"port_down": 4, "port_up": 2}),
     "leaf-reboot": (8, 4, 1, {"switch_down": 1, "switch_up": 1, "port_down": 4, "port_up": 4}),
+    "large-leaf-reboot": (
+        16,
+        4,
+        1,
+        {"switch_down": 1, "switch_up": 1, "port_down": 8, "port_up": 8},
+    ),
     "spine-loss": (8, 4, 2, {"switch_down": 2, "switch_up": 1}),
     "uplink-loss": (16, 4, 5, {"cables_down": 5, "cables_up": 5}),
     "broker-outage": (4, 4, 3, {"broker_down": 1, "broker_up": 1, "port_down": 1, "port_up": 1}),
