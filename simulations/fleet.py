@@ -165,14 +165,17 @@ class SimulatedFleet:
         self.sources[host].link_up(h.hca, h.port)
 
     def all_acked(self, epoch_floor: int = 0) -> bool:
-        """Every host applied its current plan, of epoch ``epoch_floor`` or later."""
-        state = self.service.state  # epochs only: no full plan is built for this
+        """Every host applied its current plan, of epoch ``epoch_floor`` or later, with every
+        peer routes message its ack names as the service counts it (``ack_covers``: after a
+        leaf failure a whole host acks the peer routes' epoch from the first it applies)."""
+        state = self.service.state  # epochs and names only: no full plan is built for this
         acks = state.acks
         return len(state.published) == len(self.agents) and all(
             h in acks
             and acks[h].result == AckResult.APPLIED
             and acks[h].epoch == state.acked_epoch(h)
             and acks[h].epoch >= epoch_floor
+            and state.ack_covers(h, acks[h])
             for h in self.agents
         )
 
