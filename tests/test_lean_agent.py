@@ -161,6 +161,10 @@ async def test_the_agent_alone_publishes_real_port_states(
     assert "linkguard.agent.daemon" in loaded  # the importtime lines are there
     ours = {m for m in loaded if m.startswith(("linkguard.topology", "linkguard.simulations"))}
     assert ours == set()
+    # pyroute2's package __init__ (IPDB, NDB, ...) is not run (linkguard.drivers.rtnl)
+    assert "pyroute2.iproute.linux" in loaded  # (the package itself is not "imported")
+    assert "pyroute2" not in loaded
+    assert not {"pyroute2.ipdb", "pyroute2.ndb.main"} & loaded
 
 
 @pytest.mark.parametrize(
