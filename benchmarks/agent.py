@@ -32,13 +32,13 @@ Each of ``--runs`` repetitions starts, with the same interpreter, each a separat
   at the same interval, with no monitor, bus, exporter or applier;
 - baseline "bare aiomqtt client": imports aiomqtt, connects, publishes one retained message
   (its Popen -> arrival is the start-up baseline), then idles connected.
-Once the agent's 8 states are on the broker and 1 s has passed, every process is read over the
+Once the agent's 8 states are on the broker and 3 s have passed, every process is read over the
 same ``--seconds`` window from outside: CPU as the sum over its threads of
 /proc/<pid>/task/*/schedstat run time (ns), memory from /proc/<pid>/status (VmRSS = RssAnon, the
 process's own, + RssFile + RssShmem, pages of shared libraries and modules mapped from files,
 shared with every process mapping them). Then a port's state file set to DOWN must reach the
-bus (the agent was live). Prints p50 / p90 / max over the runs next to each target; asserts
-nothing.
+bus (the agent was live), and SIGTERM must stop the agent with exit code 0 (timed). Prints
+p50 / p90 / max over the runs next to each target; asserts nothing.
 
 Raises FileNotFoundError when no ``mosquitto`` binary is found (Debian package `mosquitto`) or
 the fixture tree is missing (set LINKGUARD_FIXTURES to ../shared/fixtures/real), and
@@ -252,8 +252,9 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 15 s."""
+def stop(proc: subprocess.Popen[bytes]) -> float:
+    """SIGTERM, then SIGKILL after 15 s; the seconds to exit."""
+    t0 = time.monotonic()
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -261,6 +262,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+    return time.monotonic() - t0
 
 
 def log_times(log: Path, events: tuple[str, ...]) -> dict[str, float]:
@@ -287,6 +289,7 @@ class Run:
     stages_s: dict[str, float]
     bare_start_s: float
     down_ms: float
+    stop_s: float
 
 
 async def one_run(
@@ -355,10 +358,13 @@ async def one_run(
         topic = topics.port_state(HOST, HCAS[2], 1)
         down_s = await watcher.until(lambda: watcher.status(topic) == "down", "DOWN", 10)
     finally:
+        stop_s = stop(agent)
         for p in procs.values():
             stop(p)
+    if agent.returncode != 0:
+        raise RuntimeError(f"the agent exited {agent.returncode} on SIGTERM: {logs}")
     cpu = {k: (s1[k].cpu_s - s0[k].cpu_s) / (w1 - w0) * 100 for k in procs}
-    return Run(cpu, s1, start_s, stages, bare_start_s, down_s * 1000)
+    return Run(cpu, s1, start_s, stages, bare_start_s, down_s * 1000, stop_s)
 
 
 def pct(values: list[float]) -> str:
@@ -411,7 +417,8 @@ def report(runs: list[Run], python: str, interval_ms: float, seconds: float) -> 
         print(f"  {stage}: {pct([r.stages_s[stage] for r in runs]).strip()} s")
     print(
         "agent liveness: a port set DOWN in sysfs seen on the bus after "
-        f"{pct([r.down_ms for r in runs]).strip()} ms"
+        f"{pct([r.down_ms for r in runs]).strip()} ms; SIGTERM -> exit "
+        f"{pct([r.stop_s for r in runs]).strip()} s (exit code 0)"
     )
 
 
@@ -464,6 +471,8 @@ def main() -> None:
         "base install of this checkout)",
     )
     args = ap.parse_args()
+    if args.python:  # absolute (the processes run elsewhere), not resolved: a venv's python is
+        args.python = os.path.abspath(args.python)  # a symlink out of the venv
     configure_logging("console", "warning")  # the bench's own bus client: quiet
     with tempfile.TemporaryDirectory(prefix="linkguard-agent-bench-") as tmp:
         asyncio.run(run(args, Path(tmp)))
