@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import threading
 
 
 def _lazy_package(name: str = "pyroute2") -> None:
@@ -34,12 +35,18 @@ def _lazy_package(name: str = "pyroute2") -> None:
         return
     module = importlib.util.module_from_spec(spec)
     loader = spec.loader
+    # __init__ runs once: another thread asking meanwhile waits for it to finish
+    init_lock = threading.RLock()
+    ran: list[bool] = []
 
     def __getattr__(attr: str) -> object:  # PEP 562: only for names not set on the module
         if importlib.util.find_spec(f"{name}.{attr}") is not None:  # a submodule: just that
             return importlib.import_module(f"{name}.{attr}")
-        del module.__dict__["__getattr__"]  # one of the package's own names: run __init__
-        loader.exec_module(module)
+        with init_lock:  # one of the package's own names: run __init__ (once)
+            if not ran:
+                ran.append(True)
+                loader.exec_module(module)
+                del module.__dict__["__getattr__"]  # the package is pyroute2's own now
         try:
             return module.__dict__[attr]
         except KeyError:
