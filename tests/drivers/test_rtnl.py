@@ -41,7 +41,7 @@ def test_the_agent_loads_pyroute2_without_its_package_init_and_the_rest_on_deman
     tmp_path,
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, timeout=60
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, timeout=150
     )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.splitlines()[-1])
