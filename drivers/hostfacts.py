@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from linkguard.drivers.netlink import open_iproute
+from linkguard.drivers.rtnl import NetlinkError
 from linkguard.drivers.sysfs_attrs import (
     Reader,
     _listdir,

@@ -19,8 +19,8 @@ from ipaddress import IPv4Address
 from socket import AF_INET
 
 import structlog
-from pyroute2 import AsyncIPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+
+from linkguard.drivers.rtnl import AsyncIPRoute, NetlinkError
 
 __all__ = ["Neighbour", "delete", "dump", "netlink_message"]
 

@@ -30,12 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from pyroute2 import AsyncIPRoute
-from pyroute2 import config as pyroute2_config
-from pyroute2.netlink.rtnl import RTMGRP_LINK
-from pyroute2.netlink.rtnl.ifinfmsg import IFF_LOWER_UP, IFF_UP
 
 from linkguard.drivers.base import PortObservation
+from linkguard.drivers.rtnl import IFF_LOWER_UP, IFF_UP, RTMGRP_LINK, AsyncIPRoute
+from linkguard.drivers.rtnl import config as pyroute2_config
 from linkguard.models import LinkLayer, PortStateName
 
 __all__ = ["NetlinkPort", "NetlinkPortSource", "NetnsNotFoundError", "open_iproute"]

@@ -45,9 +45,6 @@ from types import TracebackType
 from typing import Any
 
 import structlog
-from pyroute2 import AsyncIPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.fibmsg import FR_ACT_TO_TBL
 
 from linkguard.drivers import neighbours
 from linkguard.drivers.kernelroute import (
@@ -59,6 +56,7 @@ from linkguard.drivers.kernelroute import (
 )
 from linkguard.drivers.neighbours import Neighbour, netlink_message
 from linkguard.drivers.netlink import open_iproute
+from linkguard.drivers.rtnl import FR_ACT_TO_TBL, AsyncIPRoute, NetlinkError
 
 __all__ = [
     "Destination",

@@ -154,10 +154,64 @@ def down_episodes(events: Iterable[Mapping[str, Any]]) -> list[Episode]:
     return sorted(out, key=lambda ep: ep.down_at)
 
 
-def _open_at(taken: list[Episode], at: float) -> bool:
-    """An outage whose episodes so far are ``taken`` is still open at ``at`` (s): none was
-    taken yet, or one of them is still down then."""
-    return not taken or any(ep.up_at is None or ep.up_at > at for ep in taken)
+#: how many partial assignments :func:`outage_problems` tries before it judges the greedy one
+SEARCH_LIMIT = 200_000
+
+
+def _outage_faults(o: Mapping[str, Any], eps: list[Episode]) -> list[str]:
+    """What is wrong with outage ``o`` holding the episodes ``eps`` (nothing: it is right)."""
+    oid = int(o["id"])
+    if not eps:
+        return [f"outage {oid} at {o['at']:.3f}: no port of it went down then (invented or "
+                "reported twice)"]  # fmt: skip
+    out = []
+    start = min(ep.down_at for ep in eps)
+    if abs(o["at"] - start) > TIME_TOLERANCE_S:
+        out.append(f"outage {oid}: starts at {o['at']:.3f}, its first port went down at "
+                   f"{start:.3f} (the agent's time)")  # fmt: skip
+    lengths = [ep.length_s for ep in eps]
+    if None in lengths:
+        if not o["open"]:
+            out.append(f"outage {oid}: closed, but a port of it is still down")
+        return out
+    longest = max(x for x in lengths if x is not None)
+    if o["open"] or abs(float(o["down_s"]) - longest) > TIME_TOLERANCE_S:
+        out.append(f"outage {oid}: down_s {o['down_s']} (open {o['open']}), its longest "
+                   f"port episode lasted {longest:.3f} s")  # fmt: skip
+    return out
+
+
+def _consistent(
+    eps: list[Episode], choices: list[list[int]], by_id: Mapping[int, Mapping[str, Any]]
+) -> dict[int, list[Episode]] | None:
+    """An assignment of ``eps[i]`` to one of ``choices[i]`` (outage ids) under which every
+    outage of ``by_id`` is right (:func:`_outage_faults`), or None (none within
+    :data:`SEARCH_LIMIT` tries). Depth first; a branch ends as soon as an outage holds an
+    episode longer than its ``down_s`` or still down while it is closed."""
+    mine: dict[int, list[Episode]] = {oid: [] for oid in by_id}
+    budget = [SEARCH_LIMIT]
+
+    def fits(o: Mapping[str, Any], ep: Episode) -> bool:
+        n = ep.length_s
+        if n is None:
+            return bool(o["open"])
+        return bool(o["open"]) or n <= float(o["down_s"]) + TIME_TOLERANCE_S
+
+    def walk(i: int) -> bool:
+        if i == len(eps):
+            return all(not _outage_faults(o, mine[oid]) for oid, o in by_id.items())
+        for oid in choices[i]:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            if fits(by_id[oid], eps[i]):
+                mine[oid].append(eps[i])
+                if walk(i + 1):
+                    return True
+                mine[oid].pop()
+        return False
+
+    return mine if walk(0) else None
 
 
 def outage_problems(
@@ -167,53 +221,39 @@ def outage_problems(
 ) -> list[str]:
     """``linkguard report``'s ``outages`` (id, at, down_s, open) against the agents' down
     episodes, with the ledger's ``outage_ports`` (outage id, host, hca, port): each episode is
-    in exactly one outage (of those holding its port and started at or before it, the last
-    one still open when it went down, i.e. one of its episodes taken so far, in time order,
-    ends after it or none was taken yet; else the last one started: the ledger joins a port
-    to the open outage whose first down was at most ``incident_window_s`` earlier, which
-    need not be the latest one holding the port), each outage holds at least one episode
-    (none is invented or reported twice), starts at its first episode's down (the agent's
-    time) and lasts its longest episode."""
+    in exactly one outage holding its port, each outage holds at least one episode (none is
+    invented or reported twice), starts at its first episode's down (the agent's time) and
+    lasts its longest episode. The ledger does not record which outage each episode of a
+    port joined (a port down twice may be in two outages, and the ledger joins a down to the
+    open outage whose first down was at most ``incident_window_s`` before or after it, even
+    one started before the port's own last one), so the check passes when some assignment
+    of the episodes to outages of their ports started at or before them makes every outage
+    right. Where none does, the problems are named for the simple assignment: each episode in
+    the outage of its port that started last at or before it (else the nearest one)."""
     ports: dict[int, set[tuple[str, str, int]]] = {}
     for oid, host, hca, port in outage_ports:
         ports.setdefault(int(oid), set()).add((host, hca, int(port)))
     by_id = {int(o["id"]): o for o in outages}
-    mine: dict[int, list[Episode]] = {}
     out = []
+    eps: list[Episode] = []
+    choices: list[list[int]] = []
     for ep in sorted(episodes, key=lambda e: e.down_at):
         key = (ep.host, ep.hca, ep.port)
-        have = [o for oid, o in by_id.items() if key in ports.get(oid, ())]
-        before = [o for o in have if o["at"] <= ep.down_at + TIME_TOLERANCE_S]
+        have = [o for o in by_id.values() if key in ports.get(int(o["id"]), ())]
         if not have:
             out.append(f"{ep.host} {ep.hca}/{ep.port} down at {ep.down_at:.3f}: in no outage")
             continue
-        # of the outages of its port that started at or before it, the last one still open
-        # then (else the last one); else (started late) the nearest one, whose start the
-        # check below then names
-        still_open = [o for o in before if _open_at(mine.get(int(o["id"]), []), ep.down_at)]
-        pick = (
-            max(still_open or before, key=lambda o: o["at"])
-            if before
-            else min(have, key=lambda o: abs(o["at"] - ep.down_at))
-        )
-        mine.setdefault(int(pick["id"]), []).append(ep)
+        before = [o for o in have if o["at"] <= ep.down_at + TIME_TOLERANCE_S]
+        ranked = sorted(before, key=lambda o: -o["at"]) or [
+            min(have, key=lambda o: abs(o["at"] - ep.down_at))  # started late: named below
+        ]
+        eps.append(ep)
+        choices.append([int(o["id"]) for o in ranked])
+    found = _consistent(eps, choices, by_id) if not out else None
+    if found is None:
+        found = {oid: [] for oid in by_id}
+        for ep, ids in zip(eps, choices, strict=True):
+            found[ids[0]].append(ep)
     for oid, o in sorted(by_id.items()):
-        eps = mine.get(oid)
-        if not eps:
-            out.append(f"outage {oid} at {o['at']:.3f}: no port of it went down then (invented "
-                       "or reported twice)")  # fmt: skip
-            continue
-        start = min(ep.down_at for ep in eps)
-        if abs(o["at"] - start) > TIME_TOLERANCE_S:
-            out.append(f"outage {oid}: starts at {o['at']:.3f}, its first port went down at "
-                       f"{start:.3f} (the agent's time)")  # fmt: skip
-        lengths = [ep.length_s for ep in eps]
-        if None in lengths:
-            if not o["open"]:
-                out.append(f"outage {oid}: closed, but a port of it is still down")
-            continue
-        longest = max(x for x in lengths if x is not None)
-        if o["open"] or abs(float(o["down_s"]) - longest) > TIME_TOLERANCE_S:
-            out.append(f"outage {oid}: down_s {o['down_s']} (open {o['open']}), its longest "
-                       f"port episode lasted {longest:.3f} s")  # fmt: skip
+        out += _outage_faults(o, found[oid])
     return out

@@ -180,6 +180,8 @@ class LabReport:
     job: JobSummary | None = None
     agent_settings: dict[str, object] = field(default_factory=dict)
     workdir: str | None = None
+    #: the lab's network namespaces are ``<netns_prefix>h0``, ..., ``<netns_prefix>fab``
+    netns_prefix: str | None = None
     wall_s: float = 0.0
     passed: bool = False
     #: with --discover: what was discovered (hosts, rails, leaves, unknowns, differences from

@@ -200,6 +200,7 @@ class _LabRun:
         # handled once it returns, so teardown always knows every namespace and the broker (in a
         # worker thread a cancelled await left the build running, and its namespaces behind).
         lab = rig.lab = Lab.from_fabric(f, management=self.sc.job is not None)
+        self.report.netns_prefix = lab.prefix
         broker = rig.broker = MosquittoProcess(self.workdir / "broker").start()
         if self.linkguard:
             service_extra, per_host = await self._discovery(lab)

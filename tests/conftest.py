@@ -24,6 +24,30 @@ FIXTURES = Path(
 )
 
 
+#: what marks a test module as one that changes the kernel's network state (namespaces, veth
+#: pairs, routes, labs): under pytest-xdist (``-n``) all of them run on one worker, one at a
+#: time, as without it (a lab test lists every lab namespace; two labs would see each other's)
+_KERNEL_MARKS = ("require_root(", "netns", "Lab.create", '"ip"')
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n N --dist loadgroup``, the README's test command): each
+    module's tests stay on one worker (module fixtures, a module's private Slurm cluster or
+    NATS cluster, start once), and every module touching the kernel's network state shares
+    one group, so those run one at a time. Without xdist (``pytest tests/x.py``) nothing is
+    marked."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    kernel: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in kernel:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            kernel[path] = any(m in text for m in _KERNEL_MARKS)
+        group = "kernel" if kernel[path] else str(path.relative_to(Path(__file__).parent))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def _structlog_defaults() -> Iterator[None]:
     """Each test starts with structlog's defaults: a command run in-process (``main([...])``)

@@ -21,11 +21,17 @@
   linkguard layout                 this host's GPU-NIC layout (PCIe switch, NUMA) from sysfs or XML
 
 Exit codes: 0 ok, 1 runtime failure (``fabric audit``: an error-severity finding; ``fabric
-faults``: broker unreachable), 2 bad usage or configuration; ``exec``: its own
-(:mod:`linkguard.jobenv`: 69 no usable rail, 75 no current plan, else the command's).
+faults``: broker unreachable), 2 bad usage or configuration, or a command whose optional
+dependencies are not installed (the message names the extra: ``pip install
+'linkguard[service]'``, :mod:`linkguard.extras`); ``exec``: its own (:mod:`linkguard.jobenv`:
+69 no usable rail, 75 no current plan, else the command's).
 
 ``exec`` is dispatched before anything else is imported or built (asyncio, the other
-commands' parsers): it runs at every worker start.
+commands' parsers): it runs at every worker start. Every other command's module imports its
+heavy dependencies when it runs, not when the parser is built (issue 23: ``linkguard agent``
+loads none of the service's, simulator's or dashboard's packages, which a GPU host does not
+install): a command line dispatching lazily to its subcommand's code is the one place where
+function-level imports are the design, not a hidden import cycle.
 """
 
 from __future__ import annotations
@@ -34,8 +40,14 @@ import argparse
 import sys
 
 from linkguard.cli.common import broker_address as broker_address
+from linkguard.cli.common import fail
+from linkguard.extras import missing_extra_message
 
 __all__ = ["main"]
+
+#: the extra a command's missing-dependency message names when it brings the missing module
+#: (else the smallest one that does: :func:`linkguard.extras.install_hint`)
+COMMAND_EXTRAS = {"quickstart": "all", "topology": "service", "sim": "sim", "broker": "broker"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     except KeyboardInterrupt:
         return 130
+    except (ModuleNotFoundError, BaseExceptionGroup) as exc:
+        # an optional dependency (an extra) not installed: say which extra, exit 2
+        what = f"linkguard {_command_words(args)}"
+        message = missing_extra_message(exc, what, prefer=COMMAND_EXTRAS.get(args.command))
+        if message is None:
+            raise
+        return fail(message, 2)
+
+
+def _command_words(args: argparse.Namespace) -> str:
+    """``topology serve``, ``sim run``, ``agent``: the command and its subcommand."""
+    sub = getattr(args, f"{args.command}_command", None)
+    return f"{args.command} {sub}" if isinstance(sub, str) else str(args.command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,9 +38,17 @@ def run(args: argparse.Namespace) -> int:
     from linkguard.drivers.netlink import NetnsNotFoundError
     from linkguard.drivers.routes import NotPermittedError
     from linkguard.presence import DuplicateInstanceError
-    from linkguard.topology.fabric import FabricError
 
-    user_errors = (ConfigError, FabricError, InventoryError, NetnsNotFoundError, NotPermittedError)
+    user_errors: tuple[type[Exception], ...] = (
+        ConfigError,
+        InventoryError,
+        NetnsNotFoundError,
+        NotPermittedError,
+    )
+    if args.command == "topology":  # the agent's base install has no service (issue 23)
+        from linkguard.topology.fabric import FabricError
+
+        user_errors += (FabricError,)
     try:
         return run_daemon(args)
     except Exception as exc:

@@ -122,7 +122,10 @@ async def test_a_slow_subscriber_is_cut_and_nobody_waits(sock_dir: Path) -> None
                 await asyncio.sleep(0)  # the agent's loop goes on between changes
             await until(lambda: server.stats.dropped == 1, "the slow one cut")
             await until(lambda: len(got) == 1001, "the fast one has every change")
-        assert worst < 0.05, worst  # publishing never waits for a subscriber
+        # publishing never waits for a subscriber: a write blocked on the one that never
+        # reads would block until it read (for ever); 1 s leaves room for a loaded machine's
+        # scheduling (0.105 s seen beside three other test runs), not for a blocked write
+        assert worst < 1.0, worst
         assert [d["seq"] for d in got] == list(range(1001))
         assert server.subscribers == 1
         cut = [e for e in logs if e["event"] == "rails_subscriber_dropped"]

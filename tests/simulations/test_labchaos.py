@@ -200,3 +200,38 @@ def test_a_port_down_again_joins_the_open_outage_not_its_own_closed_one() -> Non
     assert outage_problems(eps, outages, [p for p in ports if p != ports[1]]) == [
         "outage 5: down_s 0.102 (open False), its longest port episode lasted 0.385 s"
     ]
+
+
+def test_an_outage_whose_first_down_came_late_keeps_the_downs_that_joined_it_first() -> None:
+    # the shape of another sim chaos ledger (a loaded machine): gpu003's mlx5_1 went down at
+    # 3.869 for 0.967 s while outage 1 (gpu004's 3.381 s down) was open; the ledger opened
+    # outage 4 with it, and gpu001's down at 2.921 (0.026 s), released late, joined outage 4
+    # and moved its start back. Only that assignment makes every outage right
+    events = [
+        _event("gpu004", 3, 0.7079, "up", "down", "mlx5_1"),
+        _event("gpu004", 4, 4.0889, "down", "held_down", "mlx5_1"),
+        _event("gpu003", 3, 1.5560, "up", "down", "mlx5_1"),
+        _event("gpu003", 5, 3.2882, "down", "held_down", "mlx5_1"),
+        _event("gpu003", 9, 3.8685, "up", "down", "mlx5_1"),
+        _event("gpu003", 12, 4.8358, "down", "held_down", "mlx5_1"),
+        _event("gpu001", 10, 2.9209, "up", "down", "mlx5_0"),
+        _event("gpu001", 11, 2.9466, "down", "held_down", "mlx5_0"),
+    ]
+    eps = down_episodes(events)
+    outages = [
+        {"id": 1, "at": 0.7079, "down_s": 3.381, "open": False},
+        {"id": 4, "at": 2.9209, "down_s": 0.9673, "open": False},
+    ]
+    ports = [
+        (1, "gpu004", "mlx5_1", 1),
+        (1, "gpu003", "mlx5_1", 1),
+        (4, "gpu001", "mlx5_0", 1),
+        (4, "gpu003", "mlx5_1", 1),
+    ]
+    assert outage_problems(eps, outages, ports) == []
+    # an outage 4 as long as no episode of it: wrong under every assignment, named for the
+    # simple one (each down in the outage of its port started last before it)
+    wrong = [outages[0], {**outages[1], "down_s": 0.5}]
+    assert outage_problems(eps, wrong, ports) == [
+        "outage 4: down_s 0.5 (open False), its longest port episode lasted 0.967 s"
+    ]

@@ -341,7 +341,6 @@ async def test_a_job_survives_one_host_link_down_with_linkguard(tmp_path: Path) 
         "expect": {"job_rank_failures": 0},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    before = netns_names()
     report = await run_lab(load_scenario(tmp_path / "job.yaml"), workdir=tmp_path / "run")
     text = report.text()
     assert report.passed, text
@@ -354,5 +353,7 @@ async def test_a_job_survives_one_host_link_down_with_linkguard(tmp_path: Path) 
     assert all(mb > 0.1 for mb in report.job.rail_mb.values()) and len(report.job.rail_mb) == 2
     assert f"job     stall {fault.job.stall_ms:.0f} ms" in text
     assert ("job_rank_failures", True) in [(e.name, e.held) for e in report.expectations]
-    assert not any(n.startswith("lg") for n in netns_names() - before)  # all torn down
+    # all torn down: every namespace of this lab (others' labs may run meanwhile)
+    assert report.netns_prefix is not None and report.netns_prefix.startswith("lg")
+    assert not any(n.startswith(report.netns_prefix) for n in netns_names()), netns_names()
     print("\n" + text)

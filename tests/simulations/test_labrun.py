@@ -201,8 +201,10 @@ async def test_single_link_down_with_linkguard(tmp_path: Path) -> None:
     ]
     assert report.exit_codes == dict.fromkeys(report.exit_codes, 0)
     assert len(report.exit_codes) == 5  # the service and four agents, all exited cleanly
+    # every namespace of this lab torn down (other labs may run on this machine meanwhile)
+    assert report.netns_prefix is not None and report.netns_prefix.startswith("lg")
     left = set(netns_names()) - before
-    assert not any(n.startswith("lg") and n.endswith("fab") for n in left), left
+    assert not any(n.startswith(report.netns_prefix) for n in netns_names()), left
     print("\n" + report.text())
 
 
