@@ -130,8 +130,13 @@ class _Run:
         self.core = ServiceCore(svc, fabric, verifier=None, me=Me(), elected=False, epoch_start=1)
         self.state = self.core.state
         self.log = PlanLog(history=keep_plans)
+        #: hosts whose monitor has a deadline (kept by the SimHosts), and fabric order
+        self.timed: set[str] = set()
+        self.order = {inv.host: i for i, inv in enumerate(fabric.hosts)}
         self.hosts = {
-            inv.host: SimHost(inv, self.policy, self.log, wall0=WALL0, keep_plans=keep_plans)
+            inv.host: SimHost(
+                inv, self.policy, self.log, wall0=WALL0, keep_plans=keep_plans, timed=self.timed
+            )
             for inv in fabric.hosts
         }
         self.switch_model = SwitchModel(fabric)
@@ -542,7 +547,8 @@ def _replay(
     i = 0
     while True:
         times = [] if i >= len(events) else [events[i].at_s]
-        times += [d for h in sim.hosts.values() if (d := h.deadline) is not None and d <= end]
+        # the hosts with a deadline (sim.timed, kept by the SimHosts): not every host's
+        times += [d for x in sim.timed if (d := sim.hosts[x].deadline) is not None and d <= end]
         if sim.pending_at is not None:
             times.append(sim.pending_at)
         if not times:
@@ -554,7 +560,9 @@ def _replay(
         while i < len(events) and events[i].at_s <= t:
             sim.event(events[i])
             i += 1
-        for host, h in list(sim.hosts.items()):
+        # after the events at t (they set deadlines too); a tick changes only its own host's
+        for host in sorted(sim.timed, key=sim.order.__getitem__):
+            h = sim.hosts[host]
             if h.deadline is not None and h.deadline <= t and host not in sim.agents_down:
                 sim.tick(host, t)
         if sim.pending_at is not None and sim.pending_at <= t:

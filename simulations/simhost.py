@@ -104,8 +104,12 @@ class SimHost:
         *,
         wall0: float,
         keep_plans: bool = False,
+        timed: set[str] | None = None,
     ) -> None:
         self.host = inv.host
+        #: the hosts whose monitor has a deadline, shared by the engine's hosts (so its
+        #: event loop looks at those, not at every host of the fleet)
+        self._timed: set[str] = set() if timed is None else timed
         self.log = log
         self.inv = inv
         self.wall0 = wall0
@@ -117,8 +121,8 @@ class SimHost:
         #: the plan in place (what the route table holds) and the ports locally down
         self.applied: Plan | None = None
         self.locally_down: set[str] = set()
-        #: when the monitor wants its next tick (s; None: nothing pending)
-        self.deadline: float | None = None
+        self._deadline: float | None = None
+        self.deadline = None
         #: the fast paths taken, in order
         self.fast_paths: list[FastPathTaken] = []
         #: every plan put in place, in order (with ``keep_plans``)
@@ -126,12 +130,30 @@ class SimHost:
         self._read = 0  # the number of the first message it has not read
         self._out = Published()
 
+    @property
+    def deadline(self) -> float | None:
+        """When the monitor wants its next tick (s; None: nothing pending)."""
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self._deadline = value
+        if value is None:
+            self._timed.discard(self.host)
+        else:
+            self._timed.add(self.host)
+
     def restarted(self, policy: DampingPolicy) -> SimHost:
         """A new agent on this host: a new monitor (no flap history) and core, which finds
         the plan in place, the last plan and peer routes it received (the state dir) and has
         read the log as far as this one had; nothing is locally down."""
         new = SimHost(
-            self.inv, policy, self.log, wall0=self.wall0, keep_plans=self.plans is not None
+            self.inv,
+            policy,
+            self.log,
+            wall0=self.wall0,
+            keep_plans=self.plans is not None,
+            timed=self._timed,
         )
         new.core.restore(received=self.core.plan_received, peers=self.core.peers)
         new.core.restore_term(self.core.term)

@@ -46,8 +46,11 @@ from linkguard.topology.fabricmodel import (
 
 __all__ = [
     "CORE_MIN_SUS",
+    "DEFAULT_ENDPOINT_PREFIX",
+    "DEFAULT_RAIL_PREFIX",
     "SWITCH_PORTS",
     "RailOptimizedShape",
+    "default_prefix",
     "generate_rail_optimized",
     "rail_optimized_shape",
 ]
@@ -58,6 +61,13 @@ SWITCH_PORTS = 64
 #: From this many SUs the default (``core=None``) adds a core tier: the first row of the
 #: [B200 RA] component table that has core switches.
 CORE_MIN_SUS = 16
+
+#: Default rail (HCA address) and GPU endpoint prefixes of :func:`generate_rail_optimized`:
+#: as the namespace lab lays out (``10.100.r.h``, ``10.200.r.h``). Each /16 holds 8 rails of up
+#: to 8,190 hosts (1 GPU per rail and host for the endpoints); bigger fabrics get the smallest
+#: wider prefix around it (:func:`default_prefix`): a /14 for 16,384 hosts x 8 rails.
+DEFAULT_RAIL_PREFIX: Final = "10.100.0.0/16"
+DEFAULT_ENDPOINT_PREFIX: Final = "10.200.0.0/16"
 
 #: Link kind of a spine-to-core cable. The fabric model has no "core" role: a core switch is a
 #: spine (``role="spine"``) of no SU (``su=None``), cabled to SU spines by ``spine-spine`` links
@@ -198,14 +208,44 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _needed_prefixlen(size: int, rails: int) -> int:
+    """Length of the smallest prefix that holds ``rails`` blocks of ``size`` addresses."""
+    return 32 - (_pow2_at_least(size * rails).bit_length() - 1)
+
+
+def _too_small(what: str, prefix: ipaddress.IPv4Network, size: int, rails: int, for_: str) -> str:
+    plen = _needed_prefixlen(size, rails)
+    return (
+        f"{what} {prefix} too small: {rails} rails x {size} addresses for {for_}: needs a "
+        f"/{plen} or wider ({rails} x /{32 - (size.bit_length() - 1)}), e.g. "
+        f"{_aligned(prefix.network_address, plen)}"
+    )
+
+
+def _aligned(addr: ipaddress.IPv4Address, plen: int) -> ipaddress.IPv4Network:
+    """The /``plen`` that holds ``addr`` (``addr`` with its host bits cleared)."""
+    return ipaddress.IPv4Network((addr, plen), strict=False)
+
+
 def _rail_subnet_size(prefix: ipaddress.IPv4Network, hosts: int, rails: int) -> int:
-    """Size of one rail's subnet (a power of two >= 256 holding hosts + network + broadcast)."""
+    """Size of one rail's subnet (a power of two >= 256 holding hosts + network + broadcast);
+    ValueError naming the prefix length needed when ``rails`` of them do not fit."""
     size = max(256, _pow2_at_least(hosts + 2))
     if size * rails > prefix.num_addresses:
-        raise ValueError(
-            f"rail prefix {prefix} too small: {rails} rails x {size} addresses for {hosts} hosts"
-        )
+        raise ValueError(_too_small("rail prefix", prefix, size, rails, f"{hosts} hosts"))
     return size
+
+
+def default_prefix(base: str, addresses: int) -> ipaddress.IPv4Network:
+    """``base`` (a /16, e.g. :data:`DEFAULT_RAIL_PREFIX`) when it holds ``addresses``, else
+    the smallest prefix that does and contains ``base``'s network address (``base`` widened
+    with its host bits cleared): 10.100.0.0/16 -> 10.100.0.0/14 for 262,144 addresses,
+    10.96.0.0/13 for 524,288. Fabrics that fit in the /16 keep their addresses."""
+    net = ipaddress.IPv4Network(base)
+    if addresses <= net.num_addresses:
+        return net
+    plen = 32 - (_pow2_at_least(addresses).bit_length() - 1)
+    return _aligned(net.network_address, plen)
 
 
 def rail_subnets(
@@ -222,12 +262,14 @@ def _endpoint_subnet_size(
     prefix: ipaddress.IPv4Network, hosts: int, per_host: int, rails: int
 ) -> int:
     """Size of one rail's endpoint subnet: a power of two >= 256 holding ``hosts * per_host``
-    endpoints plus network and broadcast; ValueError when ``rails`` of them do not fit."""
+    endpoints plus network and broadcast; ValueError naming the prefix length needed when
+    ``rails`` of them do not fit."""
     size = max(256, _pow2_at_least(hosts * per_host + 2))
     if size * rails > prefix.num_addresses:
         raise ValueError(
-            f"endpoint prefix {prefix} too small: {rails} rails x {size} addresses for "
-            f"{hosts} hosts x {per_host} GPUs per rail"
+            _too_small(
+                "endpoint prefix", prefix, size, rails, f"{hosts} hosts x {per_host} GPUs per rail"
+            )
         )
     return size
 
@@ -248,8 +290,8 @@ def generate_rail_optimized(
     management_hosts_per_su: int = 0,
     spines_per_su: int = 4,
     core: bool | None = None,
-    endpoint_prefix: str = "10.200.0.0/16",
-    rail_prefix: str = "10.100.0.0/16",
+    endpoint_prefix: str | None = None,
+    rail_prefix: str | None = None,
     host_name: str = "gpu{h:03d}",
     netdev: str = "rail{r}",
     hca: str = "mlx5_{r}",
@@ -289,18 +331,25 @@ def generate_rail_optimized(
     two compute NICs); 0 (the default) leaves switch ids unset (None).
 
     Address layout (matches the namespace lab for up to 254 hosts; independent of SUs and
-    management slots):
+    management slots). ``rail_prefix`` / ``endpoint_prefix`` default (None) to
+    :data:`DEFAULT_RAIL_PREFIX` / :data:`DEFAULT_ENDPOINT_PREFIX` (10.100.0.0/16, 10.200.0.0/16)
+    while those hold the fabric (8 rails: up to 8,190 hosts), else to the smallest prefix around
+    them that does (:func:`default_prefix`: 16,384 hosts x 8 rails -> 10.100.0.0/14 and
+    10.200.0.0/14; agents then need ``endpoint_prefixes: [10.200.0.0/14]``). A prefix that is
+    given is used as is, and one too small is an error naming the length needed:
 
     - rail r, host h: ``rail_prefix`` is cut into one subnet per rail of ``size`` addresses,
       ``size`` = max(256, next power of two >= hosts + 2); host h is the (h+1)-th address of rail
       r's subnet. For <= 254 hosts that is ``10.100.r.(h+1)`` in ``10.100.r.0/24``; for 2,000 hosts
-      each rail gets a /21 (``10.100.(8r).0/21``); a /16 holds 8 rails of up to 8,190 hosts.
+      each rail gets a /21 (``10.100.(8r).0/21``); a /16 holds 8 rails of up to 8,190 hosts;
+      16,384 hosts get a /17 per rail (``10.100.0.0/14``: ``10.(100 + r // 2).(128 * (r % 2)).0``).
     - endpoints are rail-major (``Fabric.endpoint_subnets``, so plans need one prefix route per
       rail): GPU g's home rail is r = g % rails and its rank j = g // rails; ``endpoint_prefix``
       is cut into one subnet per rail of ``esize`` = max(256, next power of two >= hosts * k +
       2) addresses (k = GPUs per rail and host, rounded up) and the endpoint is the
       (h * k + j + 1)-th address of rail r's. For <= 254 hosts of 8 GPUs on 8 rails that is
-      ``10.200.r.(h+1)`` in ``10.200.r.0/24``; for 2,048 hosts each rail gets a /20.
+      ``10.200.r.(h+1)`` in ``10.200.r.0/24``; for 2,048 hosts each rail gets a /20, for 16,384
+      a /17 (in ``10.200.0.0/14``).
 
     Raises ValueError on bad sizes (see :func:`rail_optimized_shape`), more than 64 rails or GPUs
     per host, prefixes too small for the requested size, a negative ``rails_per_pcie_switch``,
@@ -321,10 +370,9 @@ def generate_rail_optimized(
         spines_per_su=spines_per_su,
         core=core,
     )
-    rnet = ipaddress.IPv4Network(rail_prefix)
-    enet = ipaddress.IPv4Network(endpoint_prefix)
-    rsize = _rail_subnet_size(rnet, hosts, rails)
     per_rail = -(-gpus // rails) if rails else 0
+    rnet, enet = _prefixes(rail_prefix, endpoint_prefix, hosts, rails, per_rail)
+    rsize = _rail_subnet_size(rnet, hosts, rails)
     esize = _endpoint_subnet_size(enet, hosts, per_rail, rails)
     return Fabric(
         name=name or f"rail-optimized-{hosts}x{rails}",
@@ -347,6 +395,31 @@ def generate_rail_optimized(
         rail_subnets=rail_subnets(rnet, rsize, rails),
         endpoint_subnets=rail_subnets(enet, esize, rails) if gpus else {},
     )
+
+
+def _prefixes(
+    rail_prefix: str | None, endpoint_prefix: str | None, hosts: int, rails: int, per_rail: int
+) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """The rail and endpoint prefixes: the given ones, or the defaults widened to fit
+    (:func:`default_prefix`); ValueError when two widened defaults would overlap."""
+    rsize = max(256, _pow2_at_least(hosts + 2))
+    esize = max(256, _pow2_at_least(hosts * per_rail + 2))
+    rnet = (
+        ipaddress.IPv4Network(rail_prefix)
+        if rail_prefix is not None
+        else default_prefix(DEFAULT_RAIL_PREFIX, rsize * rails)
+    )
+    enet = (
+        ipaddress.IPv4Network(endpoint_prefix)
+        if endpoint_prefix is not None
+        else default_prefix(DEFAULT_ENDPOINT_PREFIX, esize * rails)
+    )
+    if rnet.overlaps(enet) and (rail_prefix is None or endpoint_prefix is None):
+        raise ValueError(
+            f"{hosts} hosts x {rails} rails do not fit the default prefixes (rail {rnet}, "
+            f"endpoint {enet} would overlap): give rail_prefix and endpoint_prefix"
+        )
+    return rnet, enet
 
 
 def _hosts(

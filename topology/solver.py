@@ -120,6 +120,7 @@ class Solver:
     def __post_init__(self) -> None:
         self._hosts = index_hosts(self.fabric)
         self._pos = {h.inv.host: h.pos for h in self._hosts}
+        self._names = [h.inv.host for h in self._hosts]
         self.n = len(self._hosts)
         self.all_rails = frozenset(self.fabric.rails)
         self.prefix_mode = bool(self.fabric.endpoint_subnets)
@@ -148,8 +149,9 @@ class Solver:
         self._groups: dict[tuple[int, frozenset[int]], list[int]] = {}
         for h in self._hosts:
             self._groups.setdefault((self._sid[h.pos], self._usable[h.pos]), []).append(h.pos)
-        # (group, m) -> position modulo m -> sorted positions; valid until the groups change
-        self._residues: dict[tuple, dict[int, list[int]]] = {}
+        # group -> m -> position modulo m -> sorted positions; kept in step with the groups
+        # by :meth:`_move` (rebuilding them on every event costs O(hosts))
+        self._residues: dict[tuple, dict[int, dict[int, list[int]]]] = {}
         self._cover_cache: dict[tuple, tuple] = {}
         for p in sorted(self._impaired):
             self._column(p, set(), fresh=True)
@@ -175,7 +177,7 @@ class Solver:
 
     @property
     def host_names(self) -> list[str]:
-        return [h.inv.host for h in self._hosts]
+        return list(self._names)
 
     def unusable_of(self, name: str) -> frozenset[int]:
         """Rails of ``name`` the solver currently counts as unusable; KeyError if unknown."""
@@ -213,14 +215,8 @@ class Solver:
             else:
                 self._impaired.discard(p)
         dirty: set[int] = set()
-        for p in changed_pos:  # move to the new group
-            key = (self._sid[p], old_usable[p])
-            members = self._groups[key]
-            members.remove(p)
-            if not members:
-                del self._groups[key]
-            insort(self._groups.setdefault((self._sid[p], self._usable[p]), []), p)
-        self._residues.clear()
+        for p in changed_pos:
+            self._move(p, (self._sid[p], old_usable[p]), (self._sid[p], self._usable[p]))
         degraded = self._degraded_rails()
         if degraded != self.degraded:  # every multipath may change: rebuild all, compare
             self.degraded = degraded
@@ -242,7 +238,26 @@ class Solver:
         for p in sorted(changed_pos):
             if was[p] or p in self._impaired:
                 self._column(p, dirty, skip, fresh=not was[p])
-        return [self._hosts[p].inv.host for p in sorted(dirty)]
+        names = self._names
+        return [names[p] for p in sorted(dirty)]
+
+    def _move(self, p: int, old: tuple, new: tuple) -> None:
+        """Move P from host group ``old`` to ``new``, and its position in the cached residue
+        lists with it (O(groups x moduli) list edits, not a rebuild of every list)."""
+        members = self._groups[old]
+        members.remove(p)
+        if members:
+            for m, by_res in self._residues.get(old, {}).items():
+                lst = by_res[p % m]
+                lst.remove(p)
+                if not lst:
+                    del by_res[p % m]
+        else:
+            del self._groups[old]
+            self._residues.pop(old, None)
+        insort(self._groups.setdefault(new, []), p)
+        for m, by_res in self._residues.get(new, {}).items():
+            insort(by_res.setdefault(p % m, []), p)
 
     def _degraded_rails(self) -> frozenset[int]:
         if not self.prefix_mode or self.degraded_after <= 0:
@@ -292,27 +307,28 @@ class Solver:
                             rows[pos][p] = c
                         dirty.update(lst)
                     continue
+                if c is None:  # P's entry leaves every row of the class that has one
+                    dirty.update([pos for pos in lst if rows[pos].pop(p, None) is not None])
+                    continue
                 for pos in lst:
                     row = rows[pos]
                     old = row.get(p)
                     if old is c:
                         continue
-                    if c is None:
-                        del row[p]
-                    else:
-                        row[p] = c
+                    row[p] = c
                     if old is None or old != c:
                         dirty.add(pos)
 
     def _classes(self, key: tuple, members: list[int], m: int, p: int) -> Iterable[list[int]]:
         """``members`` other than ``p`` split by their offset from P, ``(pos - p - 1) mod n``,
         modulo ``m``: the hosts of one list get the same contribution from P."""
-        by_res = self._residues.get((key, m))
-        if by_res is None:  # members by position modulo m (sorted), cached per update
+        cached = self._residues.setdefault(key, {})
+        by_res = cached.get(m)
+        if by_res is None:  # members by position modulo m (sorted); _move keeps them current
             by_res = {}
             for pos in members:
                 by_res.setdefault(pos % m, []).append(pos)
-            self._residues[(key, m)] = by_res
+            cached[m] = by_res
         n = self.n
         out: dict[int, list[int]] = {}
         for c, lst in by_res.items():

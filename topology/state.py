@@ -173,6 +173,9 @@ class FabricState:
         self._rail_of = {(h.host, hca.key): hca.rail for h in self.fabric.hosts for hca in h.hcas}
         self._rails_of = {h.host: frozenset(hca.rail for hca in h.hcas) for h in self.fabric.hosts}
         self._switches: SwitchModel | None = None
+        # the ports in ``ports`` whose status is UNUSABLE, kept by on_port_state: a solve reads
+        # these instead of every port of the fleet (131,072 at 16,384 x 8)
+        self._out = {k for k, st in self.ports.items() if st.status in UNUSABLE}
         self._solved_unusable: dict[str, frozenset[int]] = {}  # what the solver has now
         self._peers_epoch = 0  # the highest epoch of the peer routes on the bus
         # hosts whose retained plan or peer routes arrived after the first solve (to compare
@@ -211,6 +214,10 @@ class FabricState:
         if old is not None and old.seq > st.seq and old.observed_at > st.observed_at:
             return False  # an older state arriving late
         self.ports[key] = st
+        if st.status in UNUSABLE:
+            self._out.add(key)
+        else:
+            self._out.discard(key)
         changed = old is None or ((old.status in UNUSABLE) != (st.status in UNUSABLE))
         self.dirty |= changed
         return changed
@@ -369,9 +376,8 @@ class FabricState:
 
     def unusable(self) -> dict[str, frozenset[int]]:
         out: dict[str, set[int]] = {h: set(self._rails_of[h]) for h in self.away}
-        for (host, key), st in self.ports.items():
-            if st.status in UNUSABLE:
-                out.setdefault(host, set()).add(self._rail_of[(host, key)])
+        for host, key in self._out:
+            out.setdefault(host, set()).add(self._rail_of[(host, key)])
         if self.health is not None:
             for host, rails in self.health.unusable.items():
                 out.setdefault(host, set()).update(rails)

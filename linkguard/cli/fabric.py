@@ -36,7 +36,9 @@ def _add_generator_options(p: argparse.ArgumentParser, *, defaults: bool) -> Non
         "--hosts",
         type=positive(int, lo=1, hi=16384),
         default=d("hosts"),
-        help="compute hosts (default 32)",
+        help="compute hosts (default 32). Addresses: HCAs in 10.100.0.0/16, GPU endpoints in "
+        "10.200.0.0/16, each widened to fit above 8,190 hosts x 8 rails (16,384 hosts: "
+        "10.100.0.0/14 and 10.200.0.0/14; agents then need endpoint_prefixes: [10.200.0.0/14])",
     )
     g.add_argument(
         "--rails",

@@ -8,6 +8,7 @@ H100 RA Table 4 (1/2/4 SUs: 256/512/1,024 spine-leaf cables) and the B200 RA tab
 from __future__ import annotations
 
 import ipaddress
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -16,7 +17,11 @@ import pytest
 
 from linkguard.topology.fabric import Fabric
 from linkguard.topology.fabric import generate_rail_optimized as via_fabric
-from linkguard.topology.generator import generate_rail_optimized, rail_optimized_shape
+from linkguard.topology.generator import (
+    default_prefix,
+    generate_rail_optimized,
+    rail_optimized_shape,
+)
 
 IP = ipaddress.IPv4Address
 
@@ -119,6 +124,68 @@ def test_generator_refuses_too_small_prefix() -> None:
     assert len(generate_rail_optimized(hosts=254, endpoint_prefix="10.200.0.0/21").hosts) == 254
     with pytest.raises(ValueError, match=r"8 rails x 512 addresses for 255 hosts"):
         generate_rail_optimized(hosts=255, endpoint_prefix="10.200.0.0/21")
+
+
+def test_16384_hosts_get_widened_default_prefixes_and_validate() -> None:
+    """131,072 GPUs (16,384 hosts x 8 rails, 512 SUs with a core tier): the default /16s are
+    too small (8 x 32,768 addresses), so the defaults widen to the /14s around them; every
+    address is a host address of its rail's /17 (checked by Fabric) and the service serves it."""
+    from linkguard.topology.fabric import serving_problems
+
+    f = generate_rail_optimized(hosts=16384, rails=8)
+    assert len(f.hosts) == 16384 and len(names(f, "leaf")) == 512 * 8
+    assert serving_problems(f) == []
+    assert {r: str(n) for r, n in f.rail_subnets.items()} == {
+        r: f"10.{100 + r // 2}.{128 * (r % 2)}.0/17" for r in range(8)
+    }
+    assert {r: str(n) for r, n in f.endpoint_subnets.items()} == {
+        r: f"10.{200 + r // 2}.{128 * (r % 2)}.0/17" for r in range(8)
+    }
+    last = f.host("gpu16383")
+    assert last.hcas[0].address == IP("10.100.64.0")  # 10.100.0.0 + 16,384
+    assert last.hcas[7].address == IP("10.103.192.0")
+    assert last.endpoints[0] == IP("10.200.64.0") and last.endpoints[7] == IP("10.203.192.0")
+    assert f.host("gpu000").hcas[1].address == IP("10.100.128.1")
+    whole = [ipaddress.IPv4Network("10.100.0.0/14"), ipaddress.IPv4Network("10.200.0.0/14")]
+    assert all(n.subnet_of(whole[0]) for n in f.rail_subnets.values())
+    assert all(n.subnet_of(whole[1]) for n in f.endpoint_subnets.values())
+
+
+def test_default_prefixes_stay_the_16s_while_they_fit() -> None:
+    """8,190 hosts on 8 rails is the most a /16 holds (8 x 8,192): same addresses as before
+    (2,048 hosts: a /20 per rail)."""
+    assert default_prefix("10.100.0.0/16", 8 * 8192) == ipaddress.IPv4Network("10.100.0.0/16")
+    assert default_prefix("10.100.0.0/16", 8 * 8192 + 1) == ipaddress.IPv4Network("10.100.0.0/15")
+    assert default_prefix("10.100.0.0/16", 8 * 65536) == ipaddress.IPv4Network("10.96.0.0/13")
+    assert default_prefix("10.200.0.0/16", 8 * 65536) == ipaddress.IPv4Network("10.200.0.0/13")
+    f = generate_rail_optimized(hosts=2048, rails=8)
+    assert {r: str(n) for r, n in f.rail_subnets.items()} == {
+        r: f"10.100.{16 * r}.0/20" for r in range(8)
+    }
+    assert {r: str(n) for r, n in f.endpoint_subnets.items()} == {
+        r: f"10.200.{16 * r}.0/20" for r in range(8)
+    }
+    assert f.host("gpu2047").hcas[7].address == IP("10.100.120.0")  # 10.100.112.0 + 2,048
+
+
+def test_too_small_user_prefix_names_the_length_needed() -> None:
+    """A prefix that is given is used as is: too small is an error with the length needed and
+    an example, never a silent widening."""
+    msg = (
+        "rail prefix 10.100.0.0/16 too small: 8 rails x 32768 addresses for 16384 hosts: "
+        "needs a /14 or wider (8 x /17), e.g. 10.100.0.0/14"
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        generate_rail_optimized(hosts=16384, rail_prefix="10.100.0.0/16")
+    with pytest.raises(
+        ValueError, match=re.escape("needs a /14 or wider (8 x /17), e.g. 10.200.0.0/14")
+    ):
+        generate_rail_optimized(hosts=16384, endpoint_prefix="10.200.0.0/16")
+    # 6 rails of /23 (300 hosts): 6 x 512 = 3,072 addresses -> a /20
+    with pytest.raises(
+        ValueError, match=re.escape("needs a /20 or wider (6 x /23), e.g. 10.7.0.0/20")
+    ):
+        generate_rail_optimized(hosts=300, rails=6, rail_prefix="10.7.1.0/24")
 
 
 @pytest.mark.parametrize(
