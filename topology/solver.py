@@ -63,7 +63,8 @@ Returning ports: the rules are static, so once a rail is usable again (after the
 hold-down) every plan returns to exactly what it was before the failure, in one step.
 
 Here: the peer contributions and their incremental upkeep. A host's own part of its plan is
-:mod:`linkguard.topology.hostbase`; the pydantic models are built in
+:mod:`linkguard.topology.hostbase`; the egress rail of one /32 (the rule above) is
+:mod:`linkguard.topology.railchoice`; the pydantic models are built in
 :mod:`linkguard.topology.planmodels`; reading a plan back (:class:`PlanLookup`, :func:`egress`,
 :func:`nic_load`, :func:`load_report`) is :mod:`linkguard.topology.planlookup`, re-exported here.
 """
@@ -83,6 +84,7 @@ from linkguard.topology.hostbase import HostBase, HostBases, IndexedHost, index_
 from linkguard.topology.hostbase import multipath_rails as _multipath_rails
 from linkguard.topology.planlookup import PlanLookup, egress, load_report, nic_load
 from linkguard.topology.planmodels import Contrib, PlanModels, peer_routes_model
+from linkguard.topology.railchoice import RailChoice
 
 __all__ = ["PlanLookup", "Solver", "egress", "load_report", "nic_load", "solve"]
 
@@ -127,7 +129,7 @@ class Solver:
         self._subnets: tuple[tuple[int, IPv4Network], ...] = tuple(
             sorted(self.fabric.endpoint_subnets.items())
         )
-        self._survivors: dict[tuple, tuple[int, ...]] = {}
+        self._rails = RailChoice()
         self._templates: dict[tuple, tuple[tuple, tuple]] = {}
         self._bases = HostBases(self._subnets if self.prefix_mode else ())
         self._models = PlanModels()
@@ -531,7 +533,7 @@ class Solver:
             return t
         plan: list[tuple[int, int | None]] = []
         bk: dict[int, list[tuple[int, int | None]]] = {}
-        choose = self._choose
+        choose = self._rails.choose
         for g, d in enumerate(p.home):
             if d in cov:
                 cur: object = _DEFAULT
@@ -552,47 +554,6 @@ class Solver:
             self._templates.clear()
         self._templates[key] = t
         return t
-
-    def _order_survivors(
-        self, failed: IndexedHost, both: frozenset[int], r: int
-    ) -> tuple[int, ...]:
-        """Survivors on the failed HCA's PCIe switch first, then on its NUMA node, then the
-        rest, each by rail."""
-        key = (both, r, failed.sig)
-        s = self._survivors.get(key)
-        if s is not None:
-            return s
-        hca = failed.by_rail.get(r)
-        numa = hca.numa_node if hca is not None else None
-        switch = hca.pcie_switch if hca is not None else None
-
-        def order(c: int) -> tuple[bool, bool, int]:
-            other = failed.by_rail.get(c)
-            near = switch is not None and other is not None and other.pcie_switch == switch
-            same = numa is not None and other is not None and other.numa_node == numa
-            return (not near, not same, c)
-
-        s = tuple(sorted(both, key=order))
-        self._survivors[key] = s
-        return s
-
-    def _choose(
-        self, h: IndexedHost, uh: frozenset[int], p: IndexedHost, up: frozenset[int], g: int, o: int
-    ) -> int | None:
-        """Egress rail for H -> endpoint g of P (see module docstring), None if none; ``o`` =
-        (pos(H) - pos(P) - 1) mod N, or any number congruent to it modulo the survivor counts."""
-        r = p.home[g]
-        if r in uh and r in up and r in h.by_rail:
-            return r
-        if r not in up and r in p.by_rail and not (r not in uh and r in h.by_rail):
-            failed, offset = p, o
-        else:  # H lost r (or lacks it: irregular fabric); -o - 2 = pos(P) - pos(H) - 1 - N
-            failed, offset = h, -o - 2
-        s = self._order_survivors(failed, uh & up, r)
-        if not s:
-            return None
-        j, k = p.rank[g]
-        return s[(offset * k + j) % len(s)]
 
 
 def solve(
