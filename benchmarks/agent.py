@@ -157,9 +157,21 @@ def sample(pid: int) -> Sample:
     )
 
 
-def agent_venv(work: Path) -> Path:
-    """A fresh venv with this checkout installed without extras (the base install); its
-    python. CalledProcessError when venv or pip fails."""
+def clean_env() -> dict[str, str]:
+    """This environment without the running venv's paths (a fresh venv must see only itself)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)
+    )
+    return env
+
+
+def base_install_venv(work: Path, *, timeout_s: float = 170) -> Path:
+    """A fresh venv ``work/agent-venv`` with this checkout installed without extras (the base
+    install, what a GPU host gets from ``pip install linkguard``), built from a copy of the
+    source in ``work/src`` (nothing is left in the checkout), with pip's own configuration
+    (find-links / index: offline on these machines); the venv's directory. Also
+    ``tests/test_lean_agent.py``'s. RuntimeError with pip's output when venv or pip fails."""
     src = work / "src"
     src.mkdir()
     for name in SOURCE:
@@ -169,16 +181,22 @@ def agent_venv(work: Path) -> Path:
         else:
             shutil.copy2(path, src / name)
     venv = work / "agent-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    subprocess.run(
+    for cmd in (
+        [sys.executable, "-m", "venv", str(venv)],
         [str(venv / "bin/pip"), "install", "-q", str(src)],
-        check=True,
-        env=env,
-        cwd=work,
-        stderr=subprocess.DEVNULL,  # the local index's "location ignored" warnings
-    )
-    return venv / "bin/python"
+    ):
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=clean_env(),
+            timeout=timeout_s,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{done.stderr[-3000:]}")
+    return venv
 
 
 def write_config(work: Path, tree: Path, broker_port: int, poll_ms: float | None) -> Path:
@@ -426,7 +444,7 @@ async def run(args: argparse.Namespace, work: Path) -> None:
     src = FIXTURES / TREE
     if not src.is_dir():
         raise FileNotFoundError(f"fixture tree {src} not found (set LINKGUARD_FIXTURES)")
-    python = args.python or str(agent_venv(work))
+    python = args.python or str(base_install_venv(work) / "bin/python")
     tree = work / "sys-class-infiniband"
     shutil.copytree(src, tree)
     for p in tree.rglob("*"):  # the copy keeps sysfs's read-only modes; the liveness check writes

@@ -12,8 +12,8 @@ build leaves nothing in the checkout). The agent's copy of
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,8 +30,6 @@ from tests.support import H100, H100_IB_HCAS, free_ports, retained
 pytestmark = pytest.mark.real
 
 REPO = Path(__file__).resolve().parents[1]
-#: what a wheel is built from (pyproject.toml's package-dir and readme)
-SOURCE = ["pyproject.toml", "README.md", "linkguard", "drivers", "topology", "simulations"]
 #: import names of every extra's packages (pyproject.toml [project.optional-dependencies]):
 #: none may be installed by the base install
 EXTRA_ONLY = [
@@ -49,40 +47,21 @@ EXTRA_ONLY = [
 HOST = "gpu001"
 
 
-def _env() -> dict[str, str]:
-    """The environment without this test venv's paths (the fresh venv must see only itself)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = os.pathsep.join(
-        p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)
-    )
-    return env
+#: benchmarks/agent.py, whose base install this test runs (one recipe for both)
+_BENCH_SPEC = importlib.util.spec_from_file_location("agent_bench", REPO / "benchmarks/agent.py")
+assert _BENCH_SPEC is not None and _BENCH_SPEC.loader is not None
+bench = sys.modules["agent_bench"] = importlib.util.module_from_spec(_BENCH_SPEC)  # dataclasses
+_BENCH_SPEC.loader.exec_module(bench)
+_env = bench.clean_env
 
 
 @pytest.fixture(scope="module")
 def agent_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding ``pip install <source>`` (no extra); its directory."""
-    tmp = tmp_path_factory.mktemp("lean-agent")
-    src = tmp / "src"
-    src.mkdir()
-    for name in SOURCE:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(path, src / name)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=60)
-    pip = subprocess.run(
-        [str(venv / "bin/pip"), "install", "-q", str(src)],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        env=_env(),
-        timeout=170,
-        check=False,
-    )
-    assert pip.returncode == 0, f"pip install of the agent failed:\n{pip.stderr[-3000:]}"
-    return venv
+    try:
+        return bench.base_install_venv(tmp_path_factory.mktemp("lean-agent"))
+    except RuntimeError as exc:
+        pytest.fail(f"the base install of the agent failed: {exc}")
 
 
 def run_in(venv: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
